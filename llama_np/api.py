@@ -1,0 +1,120 @@
+"""The Python API: load a model, generate text, read logits. The CLI is a thin layer on it.
+
+import llama_np
+llm = llama_np.load("path/to/checkpoint")          # a directory, a .gguf file or an alias
+print(llm.generate("Once upon a time", n_predict=32, temp=0))
+logits = llm.logits(llm.tokenize("Hello"))         # (T, vocab) float32
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .errors import LlamaNpError, UsageError
+from .generate import Stats, generate
+from .kvcache import KVCache
+from .loader import build_weights, open_source
+from .model import Transformer
+from .sampling import Sampler, SamplerSettings
+from .tokenizer import Tokenizer
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def set_threads(n: int | None) -> int:
+    """Threads for the kernels (BLAS); returns the number set."""
+    n = n or default_threads()
+    threadpool_limits(n, user_api="blas")
+    return n
+
+
+class LLM:
+    """A model with its tokenizer."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, path: Path) -> None:
+        self.model = model
+        self._tokenizer = tokenizer
+        self.path = path
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise LlamaNpError(f"{self.path}: the checkpoint has no tokenizer")
+        return self._tokenizer
+
+    def tokenize(self, text: str, bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(text, bos)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def new_cache(
+        self, ctx: int | None = None, window: int | None = None, kv: str = "f32"
+    ) -> KVCache:
+        """A KV cache for one sequence: `ctx` positions (default: the model's context),
+        `window` forces a sliding window, `kv` is the cache's storage format."""
+        return self.model.new_cache(ctx, window, kv)
+
+    def logits(self, ids: Sequence[int], cache: KVCache | None = None) -> np.ndarray:
+        """Logits at every position of `ids` in one batched pass: (T, vocab) float32."""
+        cache = cache if cache is not None else self.new_cache(max(len(ids), 1))
+        return self.model.forward(np.asarray(ids), cache, all_logits=True)
+
+    def step(self, token: int, cache: KVCache) -> np.ndarray:
+        """One decode step: the logits after `token`, appended to `cache`. (vocab,)"""
+        return self.model.forward(np.asarray([token]), cache)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        n_predict: int = 128,
+        *,
+        stop: Sequence[str] = (),
+        cache: KVCache | None = None,
+        ctx: int | None = None,
+        window: int | None = None,
+        kv: str = "f32",
+        stats: Stats | None = None,
+        **sampling: Any,
+    ) -> Iterator[str]:
+        """Text pieces as they are generated. `sampling` takes SamplerSettings' fields
+        (temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)."""
+        if isinstance(prompt, str) and not prompt:
+            raise UsageError("the prompt is empty")
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        cache = cache if cache is not None else self.new_cache(ctx, window, kv)
+        sampler = Sampler(SamplerSettings(**sampling))
+        return generate(self.model, self.tokenizer, ids, cache, sampler, n_predict, stop, stats)
+
+    def generate(self, prompt: str | Sequence[int], n_predict: int = 128, **kwargs: Any) -> str:
+        """The whole generated text at once; same arguments as `stream`."""
+        return "".join(self.stream(prompt, n_predict, **kwargs))
+
+
+def load(
+    model: str | Path,
+    *,
+    weights: str | None = None,
+    head: str | None = None,
+    threads: int | None = None,
+    progress: bool = False,
+) -> LLM:
+    """Load a checkpoint directory, a .gguf file or a model alias. `weights` converts every
+    matrix to that format at load time (None keeps them as stored); `head` gives the LM
+    head its own format."""
+    set_threads(threads)
+    src = open_source(model)
+    w = build_weights(src.config, src.tensors, weights, head, progress=progress)
+    return LLM(Transformer(src.config, w), src.tokenizer, src.path)

@@ -1,0 +1,106 @@
+"""The KV cache: per layer, the keys and values of the positions a new token may attend to.
+
+Without a window it holds every position up to its capacity. With a sliding window W it is
+a ring of W slots per layer (position p lives in slot p % W), so memory stays bounded
+however long generation runs. Attention is order-free once RoPE is applied, so a decode
+step attends to the ring's slots as they lie, without reordering them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from quant.kv import kv_store_class
+
+from .config import Config
+from .errors import UsageError
+
+
+class ContextFull(UsageError):
+    """A full-attention cache has no room for the next position."""
+
+
+class KVView(NamedTuple):
+    k: np.ndarray  # (n_kv, L, hd) keys the new tokens attend to, float32
+    v: np.ndarray  # (n_kv, L, hd)
+    positions: np.ndarray | None  # (L,) position of each key; None when all are visible
+    read_nbytes: int  # bytes of stored cache the attention reads (the meter's KV term)
+    write_nbytes: int  # bytes the update appended
+
+
+class KVCache:
+    def __init__(
+        self, config: Config, capacity: int, window: int | None = None, fmt: str = "f32"
+    ) -> None:
+        if capacity < 1:
+            raise UsageError(f"the context size must be positive, got {capacity}")
+        self.window = window
+        self.capacity = capacity  # positions a full-attention cache can hold
+        slots = window if window is not None else capacity
+        store = kv_store_class(fmt)
+        shape = (config.n_kv_heads, slots, config.head_dim)
+        self.k = [store(*shape) for _ in range(config.n_layers)]
+        self.v = [store(*shape) for _ in range(config.n_layers)]
+        self.fmt = fmt
+        self.slots = slots
+        self.pos = 0  # positions stored so far; the next token has position `pos`
+
+    def room(self) -> int | None:
+        """How many more positions fit; None when a window makes the cache endless."""
+        return None if self.window is not None else self.capacity - self.pos
+
+    def n_keys(self, pos: int) -> int:
+        """How many keys the token at `pos` attends to, itself included."""
+        return pos + 1 if self.window is None else min(pos + 1, self.window)
+
+    def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
+        """Append k, v (n_kv, T, hd) of positions pos:pos+T to `layer`; return what those T
+        queries attend to. `advance(T)` moves `pos` once every layer is updated."""
+        p0, t = self.pos, k.shape[1]
+        if self.window is None:
+            if p0 + t > self.capacity:
+                raise ContextFull(
+                    f"context full: {p0 + t} positions exceed the context size {self.capacity}"
+                )
+            written = self.k[layer].write(p0, k) + self.v[layer].write(p0, v)
+            n = p0 + t
+            return self._view(layer, n, None if t == 1 else np.arange(n), written)
+        if t == 1:  # the ring now holds exactly the keys this token may see
+            written = self._write_ring(layer, p0, k, v)
+            return self._view(layer, min(p0 + 1, self.window), None, written)
+        # A batch under a window: the keys still held (at most W) followed by the new ones,
+        # with positions for the mask; then the newest W positions go into the ring.
+        w, held = self.window, min(p0, self.window)
+        old = self._view(layer, held, None, 0)
+        slots = np.arange(held)
+        held_pos = slots + w * ((p0 - 1 - slots) // w)  # newest position in each slot
+        k_all = np.concatenate([old.k, k], axis=1)  # copies: the ring is overwritten next
+        v_all = np.concatenate([old.v, v], axis=1)
+        m = min(t, w)
+        written = self._write_ring(layer, p0 + t - m, k[:, t - m :], v[:, t - m :])
+        positions = np.concatenate([held_pos, np.arange(p0, p0 + t)])
+        return KVView(k_all, v_all, positions, old.read_nbytes, written)
+
+    def _view(self, layer: int, n: int, positions: np.ndarray | None, written: int) -> KVView:
+        K, V = self.k[layer], self.v[layer]
+        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
+        return KVView(K.read(0, n), V.read(0, n), positions, read, written)
+
+    def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Store positions start:start+m (m <= W) in their slots, wrapping at most once."""
+        s, m = start % self.slots, k.shape[1]
+        first = min(m, self.slots - s)
+        K, V = self.k[layer], self.v[layer]
+        written = K.write(s, k[:, :first]) + V.write(s, v[:, :first])
+        if first < m:
+            written += K.write(0, k[:, first:]) + V.write(0, v[:, first:])
+        return written
+
+    def advance(self, t: int) -> None:
+        self.pos += t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for s in self.k + self.v for a in s.arrays())

@@ -1,0 +1,106 @@
+"""The math of the decoder block as small pure functions, float32 in and float32 out.
+
+Scalars are Python floats or np.float32 on purpose: a NumPy float64 scalar is not "weak"
+under NumPy 2 promotion and would turn the next matrix product into a float64 copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import Config
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis. (..., dim) -> (..., dim)"""
+    ms = np.mean(np.square(x), axis=-1, keepdims=True)
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
+
+
+def rope_inv_freq(config: Config) -> np.ndarray:
+    """Inverse frequencies of RoPE, computed in float32 as transformers does. (head_dim/2,)"""
+    hd = config.head_dim
+    exponents = np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)
+    inv_freq = np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = np.float32(scaling.factor)
+    if scaling.kind == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the band between
+    # interpolated smoothly (transformers' _compute_llama3_parameters).
+    old_ctx = np.float32(scaling.original_max_position_embeddings)
+    low_wavelen = old_ctx / np.float32(scaling.low_freq_factor)
+    high_wavelen = old_ctx / np.float32(scaling.high_freq_factor)
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - np.float32(scaling.low_freq_factor)) / np.float32(
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of position * frequency, each (T, head_dim/2)."""
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (i, i + head_dim/2): transformers' rotate-half convention.
+    x (T, heads, head_dim), cos/sin (T, head_dim/2) -> (T, heads, head_dim)"""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; rows that are all -inf would be NaN, and never occur
+    because every query sees at least itself."""
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """Grouped-query attention: each of the n_kv key/value heads serves n_rep query heads.
+
+    q (T, n_heads, hd); k, v (n_kv, L, hd); mask (T, L) of 0 / -inf or None
+    -> (T, n_heads * hd)
+    """
+    t, n_heads, hd = q.shape
+    n_kv = k.shape[0]
+    n_rep = n_heads // n_kv
+    # (T, n_kv, n_rep, hd) -> (n_kv, n_rep * T, hd): one batched matmul per KV head
+    qg = q.reshape(t, n_kv, n_rep, hd).transpose(1, 2, 0, 3).reshape(n_kv, n_rep * t, hd)
+    scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(hd))
+    if mask is not None:
+        scores = scores.reshape(n_kv, n_rep, t, -1) + mask
+    probs = softmax(scores).reshape(n_kv, n_rep * t, -1)
+    out = np.matmul(probs, v)  # (n_kv, n_rep * T, hd)
+    return out.reshape(n_kv, n_rep, t, hd).transpose(2, 0, 1, 3).reshape(t, n_heads * hd)
+
+
+def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
+    """0 where query i may see key j (j <= i, and within the window), -inf elsewhere. (T, L)"""
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - window
+    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), written with tanh so that no large |x| overflows exp."""
+    return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The MLP's gated activation: silu(gate) * up."""
+    return silu(gate) * up

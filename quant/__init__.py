@@ -1,0 +1,31 @@
+"""Weight and KV-cache formats: data, quantize / dequantize, and the matvec / matmul kernels.
+
+This package imports nothing else of the project: the model reaches a format only through
+the `Weight` interface, chosen once at load time by name.
+"""
+
+from __future__ import annotations
+
+from .base import QuantError, Weight
+from .floats import BF16Weight, F16Weight, F32Weight
+
+FORMATS: dict[str, type[Weight]] = {cls.fmt: cls for cls in (F32Weight, F16Weight, BF16Weight)}
+
+
+def weight_class(fmt: str) -> type[Weight]:
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        raise QuantError(f"unknown weight format {fmt!r} (known: {', '.join(FORMATS)})") from None
+
+
+def convert(w: Weight, fmt: str) -> Weight:
+    """The same matrix in format `fmt`; `w` itself when it is already in that format, so a
+    tensor that arrives quantized is never quantized again."""
+    cls = weight_class(fmt)
+    if isinstance(w, cls):
+        return w
+    return cls.from_float(w.dequantize())
+
+
+__all__ = ["FORMATS", "QuantError", "Weight", "convert", "weight_class"]

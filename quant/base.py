@@ -1,0 +1,88 @@
+"""The one interface every weight format offers the model.
+
+A `Weight` is a 2-D matrix of shape (rows, cols) = (out_features, in_features), as in
+PyTorch's `nn.Linear`, stored in some format. The model only ever calls `matvec`,
+`matmul`, `rows` and reads `nbytes`; it never asks which format it holds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Self
+
+import numpy as np
+
+
+class QuantError(ValueError):
+    """A tensor that cannot be stored in, or read from, a format."""
+
+
+class Weight(ABC):
+    fmt: ClassVar[str]  # the name users type: "f32", "q8_0", ...
+    bits_per_weight: ClassVar[float]  # at rest, scales included: what the format promises
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        rows, cols = shape
+        if rows < 1 or cols < 1:
+            raise QuantError(f"{self.fmt}: a weight matrix needs a positive shape, got {shape}")
+        self.shape = (int(rows), int(cols))
+
+    # --- storage -------------------------------------------------------------------------
+    @abstractmethod
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays that hold the matrix: what `nbytes` counts and what a checkpoint saves."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the matrix really occupies in memory; a decode step reads all of them."""
+        return sum(a.nbytes for a in self.arrays().values())
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes one row occupies (an embedding lookup reads one row)."""
+        return self.nbytes // self.shape[0]
+
+    @classmethod
+    @abstractmethod
+    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
+        """Rebuild from `arrays()` (as saved by `llama-np quantize`), without copying."""
+
+    @classmethod
+    @abstractmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        """Store a float matrix in this format (quantize it)."""
+
+    # --- compute -------------------------------------------------------------------------
+    @abstractmethod
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """Rows r0:r1 as float32, shape (r1 - r0, cols). For tests, conversion and lookups:
+        the kernels never call it on a whole large matrix."""
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The rows `ids` as float32, shape (len(ids), cols): an embedding lookup."""
+        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
+
+    @abstractmethod
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W @ x for one float32 vector x of shape (cols,): the decode kernel."""
+
+    @abstractmethod
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T for float32 x of shape (T, cols), giving (T, rows): the prefill kernel."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={self.shape}, nbytes={self.nbytes})"
+
+
+def check_float_matrix(w: np.ndarray, fmt: str) -> np.ndarray:
+    """The float32 matrix to quantize, or a clear error for what cannot be quantized."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise QuantError(f"{fmt}: expected a 2-D matrix, got shape {w.shape}")
+    if not np.issubdtype(w.dtype, np.floating):
+        raise QuantError(f"{fmt}: expected a float matrix, got {w.dtype}")
+    w = w.astype(np.float32, copy=False)
+    if not np.isfinite(w).all():
+        bad = np.argwhere(~np.isfinite(w))[0]
+        raise QuantError(f"{fmt}: the matrix holds NaN or infinity (first at {tuple(bad)})")
+    return w

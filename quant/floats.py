@@ -1,0 +1,130 @@
+"""Float formats: f32 (BLAS directly), f16 and bf16 (converted tile by tile, then BLAS)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import numpy as np
+
+from .base import QuantError, Weight, check_float_matrix
+
+# A converted tile of about this many float32 elements (256 KiB) stays in L2 for the gemv.
+TILE_ELEMS = 1 << 16
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 is the top half of a float32: widen the raw uint16 and shift it up."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(w: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as torch does; NaN stays NaN."""
+    u = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    return np.where(np.isnan(w), 0x7FC0, rounded).astype(np.uint16)
+
+
+def tiled_matvec(w: Weight, x: np.ndarray) -> np.ndarray:
+    """W @ x by converting a few rows at a time to float32: never the whole matrix."""
+    rows, cols = w.shape
+    step = max(1, TILE_ELEMS // cols)
+    y = np.empty(rows, np.float32)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        np.matmul(w.dequantize(r0, r1), x, out=y[r0:r1])
+    return y
+
+
+def tiled_matmul(w: Weight, x: np.ndarray) -> np.ndarray:
+    """x @ W.T, converting a few rows of W at a time; the conversion amortizes over x's rows."""
+    rows, cols = w.shape
+    step = max(1, 4 * TILE_ELEMS // cols)
+    y = np.empty((x.shape[0], rows), np.float32)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        np.matmul(x, w.dequantize(r0, r1).T, out=y[:, r0:r1])
+    return y
+
+
+class F32Weight(Weight):
+    fmt = "f32"
+    bits_per_weight = 32.0
+
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__(w.shape)
+        if w.dtype != np.float32:
+            raise QuantError(f"f32: expected float32 data, got {w.dtype}")
+        self.w = w  # (rows, cols); may be a read-only view into a memory-mapped file
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"weight": self.w}
+
+    @classmethod
+    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
+        return cls(arrays["weight"].reshape(shape))
+
+    @classmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        return cls(np.ascontiguousarray(check_float_matrix(w, cls.fmt)))
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        return np.array(self.w[r0:r1], dtype=np.float32)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.w[ids]
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return self.w @ x
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.w.T
+
+
+class _Float16Bits(Weight):
+    """Common part of f16 and bf16: one uint16 per weight, converted in tiles."""
+
+    bits_per_weight = 16.0
+
+    def __init__(self, bits: np.ndarray) -> None:
+        super().__init__(bits.shape)
+        if bits.dtype != np.uint16:
+            raise QuantError(f"{self.fmt}: expected raw uint16 data, got {bits.dtype}")
+        self.bits = bits  # (rows, cols) raw 16-bit patterns
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"bits": self.bits}
+
+    @classmethod
+    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
+        return cls(arrays["bits"].reshape(shape))
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return tiled_matvec(self, x)
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return tiled_matmul(self, x)
+
+
+class F16Weight(_Float16Bits):
+    fmt = "f16"
+
+    @classmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        w = check_float_matrix(w, cls.fmt)
+        if np.abs(w).max(initial=0.0) > np.finfo(np.float16).max:
+            raise QuantError("f16: the matrix holds values beyond float16's range (65504)")
+        return cls(w.astype(np.float16).view(np.uint16))
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        return self.bits[r0:r1].view(np.float16).astype(np.float32)
+
+
+class BF16Weight(_Float16Bits):
+    fmt = "bf16"
+
+    @classmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        return cls(f32_to_bf16(check_float_matrix(w, cls.fmt)))
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        return bf16_to_f32(self.bits[r0:r1])

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: create the virtual environment (.venv), install
+# the project with its test extra (torch pinned to the local CPU wheel), lint, run pytest.
+# Extra arguments go to pytest, e.g. scripts/test.sh tests/quant -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/venv.sh
+"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test,plot]'
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+exec "$VENV/bin/python" -m pytest "$@"

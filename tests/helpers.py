@@ -1,0 +1,127 @@
+"""Small checkpoints built with transformers' own classes, for the reference tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+VOCAB = 258  # 256 byte tokens + <s> + </s>
+BOS, EOS = 256, 257
+
+
+def byte_tokenizer(directory: Path, eos: bool = False) -> None:
+    """A byte-level BPE tokenizer.json without merges: one token per byte, ids 0-255, so a
+    model of VOCAB tokens can be driven with any text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    byte_chars = sorted(alphabet, key=lambda ch: _byte_of(ch))
+    vocab = {ch: i for i, ch in enumerate(byte_chars)}
+    vocab.update({"<s>": BOS, "</s>": EOS})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(directory / "tokenizer.json"))
+    cfg: dict[str, Any] = {"bos_token": "<s>", "add_bos_token": True}
+    if eos:
+        cfg["eos_token"] = "</s>"
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def _byte_of(ch: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode for one character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return bs[cs.index(ord(ch))]
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    # GQA: 4 query heads share 2 key/value heads
+    "llama_gqa": dict(arch="llama", num_attention_heads=4, num_key_value_heads=2),
+    # head_dim 32 while hidden/heads = 16
+    "llama_head_dim": dict(arch="llama", num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    # tied embeddings, llama3 rope scaling, no GQA
+    "llama_tied": dict(
+        arch="llama",
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+    # Mistral with a window of 8, much shorter than the 40-token sequences
+    "mistral_window": dict(
+        arch="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=8
+    ),
+    # saved in bfloat16
+    "llama_bf16": dict(
+        arch="llama", num_attention_heads=4, num_key_value_heads=2, dtype="bfloat16"
+    ),
+}
+
+
+def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
+    """Save a random transformers model `name` (see MODELS) to `directory`; return it in
+    float32 (eval mode) as the reference."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    spec = {**MODELS[name], **overrides}
+    arch, dtype = spec.pop("arch"), spec.pop("dtype", "float32")
+    base = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+        initializer_range=0.1, bos_token_id=BOS, eos_token_id=None, pad_token_id=None,
+        tie_word_embeddings=False, attn_implementation="eager",
+    )  # fmt: skip
+    base.update(spec)
+    cls, cfg_cls = (
+        (LlamaForCausalLM, LlamaConfig) if arch == "llama" else (MistralForCausalLM, MistralConfig)
+    )
+    torch.manual_seed(seed)
+    model = cls(cfg_cls(**base)).eval()
+    with torch.no_grad():  # norms start at 1: perturb them so a wrong norm shows
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    directory.mkdir(parents=True, exist_ok=True)
+    model.to(getattr(torch, dtype)).save_pretrained(directory, safe_serialization=True)
+    byte_tokenizer(directory)
+    ref = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    return ref.eval()
+
+
+def hf_logits(model: Any, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
