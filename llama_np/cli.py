@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from quant import QuantError
@@ -141,8 +142,7 @@ def sampling_settings(args: argparse.Namespace):
 def read_prompt(args: argparse.Namespace) -> str:
     if args.file is not None:
         try:
-            with open(args.file, encoding="utf-8") as f:
-                return f.read()
+            return Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read the prompt file {args.file}: {e}") from None
     if args.prompt is None:
@@ -189,6 +189,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .api import set_threads
+    from .quantize import quantize_checkpoint
+
+    set_threads(args.threads)
+    out = quantize_checkpoint(args.model, args.output, args.to, args.head, args.force)
+    print(f"llama-np: wrote {out} ({args.to})", file=sys.stderr)
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .api import load
+    from .perplexity import perplexity
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the text file {args.file}: {e}") from None
+    llm = load(
+        args.model, weights=args.weights, head=args.head, threads=args.threads, progress=True
+    )
+    r = perplexity(llm, text, args.ctx_size, args.kv, progress=True)
+    print(
+        f"perplexity {r.ppl:.4f} over {r.scored} scored tokens "
+        f"({r.evaluated // args.ctx_size} windows of {args.ctx_size}), {r.tokens_per_s:.1f} tok/s"
+    )
+    return 0
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="llama-np", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -198,6 +227,32 @@ def build_parser() -> Parser:
     g.add_argument("-f", "--file", help="read the prompt from this file")
     add_sampling_args(g)
     g.set_defaults(func=cmd_generate)
+
+    q = sub.add_parser("quantize", help="write a checkpoint in another weight format")
+    q.add_argument("-m", "--model", required=True, help="input checkpoint directory or .gguf file")
+    q.add_argument(
+        "--to", required=True, metavar="FMT", help="weight format: q8_0, q4_0, q4_1, f32, f16, bf16"
+    )
+    q.add_argument("-o", "--output", required=True, help="output directory (must not exist)")
+    q.add_argument("--head", metavar="FMT", help="format of the LM head (default: as --to)")
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("-t", "--threads", type=positive_int, help="threads (default: all cores)")
+    q.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("perplexity", help="teacher-forced perplexity of a text")
+    add_model_args(p)
+    p.add_argument("-f", "--file", required=True, help="the text file")
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=positive_int,
+        default=256,
+        help="window size in tokens (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
+    )
+    p.set_defaults(func=cmd_perplexity)
     return parser
 
 

@@ -197,6 +197,40 @@ def config_from_hf(d: dict[str, Any]) -> Config:
     )
 
 
+def config_to_hf(c: Config) -> dict[str, Any]:
+    """The config.json of a Config (for checkpoints written from a GGUF file)."""
+    d: dict[str, Any] = {
+        "architectures": ["MistralForCausalLM" if c.arch == "mistral" else "LlamaForCausalLM"],
+        "model_type": c.arch,
+        "hidden_size": c.dim,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.hidden_dim,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_seq_len,
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "sliding_window": c.sliding_window,
+        "tie_word_embeddings": c.tie_embeddings,
+        "bos_token_id": c.bos_id,
+        "eos_token_id": list(c.eos_ids) if len(c.eos_ids) != 1 else c.eos_ids[0],
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    if c.rope_scaling is not None:
+        s = c.rope_scaling
+        d["rope_scaling"] = {"rope_type": s.kind, "factor": s.factor}
+        if s.kind == "llama3":
+            d["rope_scaling"].update(
+                low_freq_factor=s.low_freq_factor,
+                high_freq_factor=s.high_freq_factor,
+                original_max_position_embeddings=s.original_max_position_embeddings,
+            )
+    return d
+
+
 def load_config(path: str | Path) -> Config:
     path = Path(path)
     try:

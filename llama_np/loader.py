@@ -74,7 +74,7 @@ def open_source(path: str | Path) -> Source:
     return Source(ckpt.config, hf_tensors(ckpt), load_tokenizer(directory), directory, "hf")
 
 
-def _layer_names(i: int) -> dict[str, str]:
+def layer_tensor_names(i: int) -> dict[str, str]:
     p = f"model.layers.{i}."
     return {
         "attn_norm": p + "input_layernorm.weight",
@@ -127,7 +127,7 @@ def build_weights(
     for f in (fmt, head_fmt):
         if f is not None:
             weight_class(f)  # an unknown format fails before any work
-    names = [_layer_names(i) for i in range(c.n_layers)]
+    names = [layer_tensor_names(i) for i in range(c.n_layers)]
     shapes = _layer_shapes(c)
     raw = [{k: _get(tensors, n[k], shapes[k]) for k in n} for n in names]
     embed = _get(tensors, "model.embed_tokens.weight", (c.vocab_size, c.dim))

@@ -42,6 +42,11 @@ class Weight(ABC):
         """Bytes one row occupies (an embedding lookup reads one row)."""
         return self.nbytes // self.shape[0]
 
+    def export(self) -> dict[str, np.ndarray]:
+        """The arrays to save at rest, which `from_arrays` reads back. The in-memory layout
+        may differ (see BlockWeight)."""
+        return self.arrays()
+
     @classmethod
     @abstractmethod
     def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:

@@ -8,13 +8,29 @@ import numpy as np
 
 from .base import QuantError, Weight, check_float_matrix
 
-# A converted tile of about this many float32 elements (256 KiB) stays in L2 for the gemv.
-TILE_ELEMS = 1 << 16
+# Elements converted per NumPy call: large enough that the 2-4 us a call costs fades.
+TILE_ELEMS = 1 << 18
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bfloat16 is the top half of a float32: widen the raw uint16 and shift it up."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """float16 bit patterns to float32, exact for every finite value, ~4x faster than
+    NumPy's own cast here (0.5 vs 2-3 ns per element).
+
+    Sign-extending the 16 bits to 32 and shifting left by 13 puts the f16 exponent and
+    mantissa where a float32's are, with the exponent still biased by 15 instead of 127:
+    multiplying by 2**112 rebiases it, and is exact for subnormals too. Infinity and NaN
+    come out as values >= 65536; callers that may hold them check (see F16Weight)."""
+    w = bits.view(np.int16).astype(np.int32)
+    np.left_shift(w, 13, out=w)
+    np.bitwise_and(w, np.int32(-0x70000001), out=w)  # keep sign and 28 low bits: 0x8FFFFFFF
+    f = w.view(np.float32)
+    np.multiply(f, np.float32(2.0**112), out=f)
+    return f
 
 
 def f32_to_bf16(w: np.ndarray) -> np.ndarray:
@@ -108,6 +124,11 @@ class _Float16Bits(Weight):
 class F16Weight(_Float16Bits):
     fmt = "f16"
 
+    def __init__(self, bits: np.ndarray) -> None:
+        super().__init__(bits)
+        if ((bits & 0x7C00) == 0x7C00).any():  # exponent all ones: infinity or NaN
+            raise QuantError("f16: the matrix holds infinity or NaN")
+
     @classmethod
     def from_float(cls, w: np.ndarray) -> Self:
         w = check_float_matrix(w, cls.fmt)
@@ -116,7 +137,7 @@ class F16Weight(_Float16Bits):
         return cls(w.astype(np.float16).view(np.uint16))
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
-        return self.bits[r0:r1].view(np.float16).astype(np.float32)
+        return f16_to_f32(self.bits[r0:r1])
 
 
 class BF16Weight(_Float16Bits):

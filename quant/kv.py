@@ -7,6 +7,8 @@ from typing import ClassVar
 import numpy as np
 
 from .base import QuantError
+from .blocks import BLOCK, Q8_0Weight
+from .floats import f16_to_f32
 
 
 class KVStore:
@@ -36,7 +38,55 @@ class KVStore:
         return sum(a[:, s0:s1].nbytes for a in self.arrays())
 
 
-KV_FORMATS: dict[str, type[KVStore]] = {"f32": KVStore}
+class F16KVStore(KVStore):
+    """Half the bytes of f32. Values beyond float16's range saturate at +-65504."""
+
+    fmt = "f16"
+
+    def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
+        self.data = np.zeros((n_kv, slots, head_dim), np.uint16)  # float16 bit patterns
+
+    def write(self, s0: int, x: np.ndarray) -> int:
+        half = np.clip(x, -65504.0, 65504.0).astype(np.float16)
+        self.data[:, s0 : s0 + x.shape[1]] = half.view(np.uint16)
+        return self.stored_nbytes(s0, s0 + x.shape[1])
+
+    def read(self, s0: int, s1: int) -> np.ndarray:
+        return f16_to_f32(self.data[:, s0:s1])
+
+
+class Q8_0KVStore(KVStore):
+    """GGML q8_0 blocks of 32 along head_dim: int8 codes and a float16 scale per block."""
+
+    fmt = "q8_0"
+
+    def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
+        if head_dim % BLOCK:
+            raise QuantError(f"a q8_0 KV cache needs head_dim divisible by {BLOCK}, got {head_dim}")
+        self.codes = np.zeros((n_kv, slots, head_dim), np.int8)
+        self.scales = np.zeros((n_kv, slots, head_dim // BLOCK), np.uint16)  # float16 bits
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.codes, self.scales]
+
+    def write(self, s0: int, x: np.ndarray) -> int:
+        n_kv, t, hd = x.shape
+        blocks = x.reshape(n_kv * t, hd // BLOCK, BLOCK)
+        with np.errstate(divide="ignore", over="ignore"):
+            codes, d, _ = Q8_0Weight.quantize_blocks(blocks)
+            d16 = np.clip(d, 0.0, 65504.0).astype(np.float16)
+        self.codes[:, s0 : s0 + t] = codes.view(np.int8).reshape(n_kv, t, hd)
+        self.scales[:, s0 : s0 + t] = d16.view(np.uint16).reshape(n_kv, t, -1)
+        return self.stored_nbytes(s0, s0 + t)
+
+    def read(self, s0: int, s1: int) -> np.ndarray:
+        n_kv, _, hd = self.codes.shape
+        q = self.codes[:, s0:s1].astype(np.float32).reshape(n_kv, s1 - s0, hd // BLOCK, BLOCK)
+        q *= f16_to_f32(self.scales[:, s0:s1])[..., None]
+        return q.reshape(n_kv, s1 - s0, hd)
+
+
+KV_FORMATS: dict[str, type[KVStore]] = {c.fmt: c for c in (KVStore, F16KVStore, Q8_0KVStore)}
 
 
 def kv_store_class(fmt: str) -> type[KVStore]:

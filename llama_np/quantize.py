@@ -1,0 +1,113 @@
+"""`llama-np quantize`: write a checkpoint whose matrices are stored in another format.
+
+The output is a Hugging Face-style directory (config.json, tokenizer files, one
+model.safetensors) that every command loads. Block formats are stored as their canonical
+parts at rest (codes, float16 scales and mins) under `<tensor name>:<part>`, and the
+safetensors metadata `llama_np.formats` names each tensor's format and shape. The
+directory is written next to OUT under a temporary name and renamed into place, so an
+interrupted run leaves no partial OUT behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from quant import Weight
+from quant.floats import F16Weight, F32Weight
+
+from .config import config_to_hf
+from .errors import UsageError
+from .loader import FORMATS_KEY, Source, build_weights, layer_tensor_names, open_source
+from .model import Weights
+from .tokenizer import HFTokenizer
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+    "generation_config.json",
+)  # fmt: skip
+
+
+def named_tensors(w: Weights) -> dict[str, Weight | np.ndarray]:
+    """The model's tensors under their Hugging Face names (a tied head is not repeated)."""
+    out: dict[str, Weight | np.ndarray] = {
+        "model.embed_tokens.weight": w.embed,
+        "model.norm.weight": w.norm,
+    }
+    if w.lm_head is not w.embed:
+        out["lm_head.weight"] = w.lm_head
+    for i, layer in enumerate(w.layers):
+        out |= {name: getattr(layer, attr) for attr, name in layer_tensor_names(i).items()}
+    return out
+
+
+def tensors_at_rest(w: Weights) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Arrays to save and the format record of every tensor that is not plain f32/f16."""
+    arrays: dict[str, np.ndarray] = {}
+    formats: dict[str, dict] = {}
+    for name, t in named_tensors(w).items():
+        if isinstance(t, np.ndarray):
+            arrays[name] = np.ascontiguousarray(t, dtype=np.float32)
+        elif isinstance(t, F32Weight):
+            arrays[name] = np.ascontiguousarray(t.w)
+        elif isinstance(t, F16Weight):
+            arrays[name] = np.ascontiguousarray(t.bits).view(np.float16)
+        else:
+            arrays |= {f"{name}:{k}": np.ascontiguousarray(v) for k, v in t.export().items()}
+            formats[name] = {"format": t.fmt, "shape": list(t.shape)}
+    return arrays, formats
+
+
+def write_tokenizer(src: Source, out: Path) -> None:
+    if src.kind == "hf":
+        for name in TOKENIZER_FILES:
+            if (src.path / name).exists():
+                shutil.copy(src.path / name, out / name)
+    elif isinstance(src.tokenizer, HFTokenizer):
+        tok = src.tokenizer
+        tok.tok.save(str(out / "tokenizer.json"))
+        piece = tok.tok.id_to_token
+        cfg = {
+            "bos_token": None if tok.bos_id is None else piece(tok.bos_id),
+            "eos_token": piece(tok.eos_ids[0]) if tok.eos_ids else None,
+            "add_bos_token": tok.add_bos,
+            "chat_template": tok.chat_template,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+
+def quantize_checkpoint(
+    model: str | Path, out: str | Path, fmt: str, head: str | None = None, force: bool = False
+) -> Path:
+    out = Path(out)
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to replace it")
+    src = open_source(model)
+    weights = build_weights(src.config, src.tensors, fmt, head, progress=True)
+    arrays, formats = tensors_at_rest(weights)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file(arrays, tmp / "model.safetensors", metadata={FORMATS_KEY: json.dumps(formats)})
+        if src.kind == "hf":
+            shutil.copy(src.path / "config.json", tmp / "config.json")
+        else:
+            (tmp / "config.json").write_text(json.dumps(config_to_hf(src.config), indent=2))
+        write_tokenizer(src, tmp)
+        if out.exists():  # --force: move the old one aside only once the new one is complete
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "x")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

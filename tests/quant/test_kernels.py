@@ -1,0 +1,89 @@
+"""Every format's matvec and matmul equal dequantize-then-multiply within float rounding,
+at odd row counts and across tile and chunk boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quant import FORMATS, convert
+from quant.blocks import TILE_WEIGHTS, tile_rows
+from quant.floats import bf16_to_f32, f16_to_f32, f32_to_bf16
+
+SHAPES = [
+    (1, 32),
+    (31, 64),
+    (tile_rows(576) - 1, 576),
+    (tile_rows(576), 576),
+    (tile_rows(576) + 1, 576),
+    (2 * tile_rows(1536) + 5, 1536),
+    (33, 2 * TILE_WEIGHTS // 32),  # a tile of 32 rows is converted in two chunks of blocks
+]
+
+
+def reference(w, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dequantize-then-multiply in float64, and a bound on float32 rounding: a few ulps of
+    the sum of |w| |x|."""
+    dq = w.dequantize().astype(np.float64)
+    return x.astype(np.float64) @ dq.T, 1e-5 * (np.abs(x) @ np.abs(dq).T) + 1e-30
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+def test_matvec_and_matmul_equal_dequantize_then_multiply(fmt, shape):
+    rng = np.random.default_rng(sum(shape))
+    w = FORMATS[fmt].from_float(rng.standard_normal(shape).astype(np.float32))
+    x = rng.standard_normal((5, shape[1])).astype(np.float32)
+    ref, tol = reference(w, x)
+    y = w.matvec(x[0])
+    assert y.dtype == np.float32 and y.shape == (shape[0],)
+    assert (np.abs(y - ref[0]) <= tol[0]).all()
+    y = w.matmul(x)
+    assert y.dtype == np.float32 and y.shape == (5, shape[0])
+    assert (np.abs(y - ref) <= tol).all()
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_rows_are_an_embedding_lookup(fmt):
+    rows = tile_rows(64) + 20
+    w = FORMATS[fmt].from_float(
+        np.random.default_rng(0).standard_normal((rows, 64)).astype(np.float32)
+    )
+    ids = np.array([0, rows - 1, 3, 3, tile_rows(64)])  # the first row of the second tile
+    np.testing.assert_array_equal(w.rows(ids), w.dequantize()[ids])
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_export_round_trip(fmt):
+    w = FORMATS[fmt].from_float(
+        np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
+    )
+    back = FORMATS[fmt].from_arrays(w.shape, w.export())
+    np.testing.assert_array_equal(back.dequantize(), w.dequantize())
+    assert back.nbytes == w.nbytes
+
+
+def test_convert_keeps_a_matrix_already_in_the_format():
+    w = FORMATS["q4_1"].from_float(np.ones((4, 32), np.float32))
+    assert convert(w, "q4_1") is w
+    assert convert(w, "f32").fmt == "f32"
+
+
+def test_f16_conversion_is_exact_for_every_finite_value():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ref = bits.view(np.float16).astype(np.float32)
+    got = f16_to_f32(bits)
+    finite = np.isfinite(ref)
+    assert np.array_equal(got[finite].view(np.uint32), ref[finite].view(np.uint32))
+
+
+def test_bf16_rounding_matches_torch():
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(10000) * np.exp(rng.uniform(-20, 20, 10000))).astype(np.float32)
+    x[:6] = [0.0, -0.0, 1.00390625, 1.01171875, 3.4e38, -1e-40]  # ties to even, huge, subnormal
+    ours = f32_to_bf16(x)
+    theirs = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(ours, theirs)
+    assert np.array_equal(bf16_to_f32(ours), torch.from_numpy(x).to(torch.bfloat16).float().numpy())

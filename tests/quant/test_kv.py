@@ -1,0 +1,42 @@
+"""KV-cache stores: what they keep, what they give back, what they occupy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quant import QuantError
+from quant.kv import KV_FORMATS, kv_store_class
+
+# bytes per slot per KV head, head_dim 64: f32 4 B, f16 2 B, q8_0 1 B + a 2-byte scale per 32
+SLOT_BYTES = {"f32": 256, "f16": 128, "q8_0": 64 + 4}
+REL_ERR = {"f32": 0.0, "f16": 2.0**-11, "q8_0": 1 / 254 + 2.0**-11 * 127 / 127}
+
+
+@pytest.mark.parametrize("fmt", sorted(KV_FORMATS))
+def test_write_read_round_trip(fmt):
+    x = np.random.default_rng(0).standard_normal((3, 5, 64)).astype(np.float32) * 4
+    store = kv_store_class(fmt)(3, 16, 64)
+    written = store.write(7, x)
+    got = store.read(7, 12)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    amax = np.abs(x).reshape(3, 5, 2, 32).max(-1, keepdims=True)
+    scale = np.broadcast_to(amax, (3, 5, 2, 32)).reshape(x.shape) if fmt == "q8_0" else np.abs(x)
+    assert (np.abs(got - x) <= REL_ERR[fmt] * scale * 1.01 + 1e-7).all()
+    assert written == store.stored_nbytes(7, 12) == 3 * 5 * SLOT_BYTES[fmt]
+
+
+def test_f16_saturates_instead_of_overflowing():
+    store = kv_store_class("f16")(1, 2, 32)
+    store.write(0, np.full((1, 1, 32), 1e6, np.float32))
+    assert (store.read(0, 1) == 65504.0).all()
+
+
+def test_q8_0_needs_whole_blocks():
+    with pytest.raises(QuantError, match="head_dim divisible by 32"):
+        kv_store_class("q8_0")(2, 4, 48)
+
+
+def test_unknown_kv_format():
+    with pytest.raises(QuantError, match="unknown KV cache format 'q3'"):
+        kv_store_class("q3")
