@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .config import Config
 from .errors import LlamaNpError, UsageError
 from .generate import Stats, generate
+from .hub import resolve_model
 from .kvcache import KVCache
 from .loader import build_weights, open_source
 from .model import Transformer
@@ -45,7 +47,7 @@ class LLM:
         self.path = path
 
     @property
-    def config(self):
+    def config(self) -> Config:
         return self.model.config
 
     @property
@@ -104,17 +106,17 @@ class LLM:
 
 
 def load(
-    model: str | Path,
+    model: str | Path | None = None,
     *,
     weights: str | None = None,
     head: str | None = None,
     threads: int | None = None,
     progress: bool = False,
 ) -> LLM:
-    """Load a checkpoint directory, a .gguf file or a model alias. `weights` converts every
-    matrix to that format at load time (None keeps them as stored); `head` gives the LM
-    head its own format."""
+    """Load a checkpoint directory, a .gguf file or a model alias (default: smollm2-135m,
+    pulled on first use). `weights` converts every matrix to that format at load time (None
+    keeps them as stored); `head` gives the LM head its own format."""
     set_threads(threads)
-    src = open_source(model)
+    src = open_source(resolve_model(model))
     w = build_weights(src.config, src.tensors, weights, head, progress=progress)
     return LLM(Transformer(src.config, w), src.tokenizer, src.path)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from quant import QuantError
 
 from .errors import LlamaNpError, UsageError
+from .hub import DEFAULT_MODEL
 
-Command = Callable[[argparse.Namespace], int]
+if TYPE_CHECKING:  # the CLI imports the heavy modules only when a command runs
+    from .api import LLM
+    from .generate import Stats
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,118 +42,63 @@ def finite_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if value != value or abs(value) == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="checkpoint directory or .gguf file")
-    p.add_argument(
-        "--weights", metavar="FMT", help="convert the weights to FMT at load (default: as stored)"
-    )
-    p.add_argument("--head", metavar="FMT", help="format of the LM head (default: as --weights)")
-    p.add_argument(
-        "-t", "--threads", type=positive_int, help="threads for the kernels (default: all cores)"
+# fmt: off
+MODEL_ARGS = [
+    (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
+    (("--weights",), dict(metavar="FMT", help="convert the weights to FMT at load: f32 f16 bf16 q8_0 q4_0 q4_1 (default: as stored)")),
+    (("--head",), dict(metavar="FMT", help="format of the LM head (default: as --weights)")),
+    (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)")),
+]
+SAMPLING_ARGS = [
+    (("-n", "--n-predict"), dict(type=positive_int, default=128, help="tokens to generate (default: %(default)s)")),
+    (("--temp",), dict(type=finite_float, default=0.8, help="temperature, 0 for greedy (default: %(default)s)")),
+    (("--top-k",), dict(type=int, default=40, help="keep the k most likely tokens, 0 = off (default: %(default)s)")),
+    (("--top-p",), dict(type=finite_float, default=0.95, help="keep the smallest set with this probability mass, 1 = off (default: %(default)s)")),
+    (("--min-p",), dict(type=finite_float, default=0.05, help="drop tokens below min-p x the top probability, 0 = off (default: %(default)s)")),
+    (("--repeat-penalty",), dict(type=finite_float, default=1.0, help="penalize recent tokens, 1 = off (default: %(default)s)")),
+    (("--repeat-last-n",), dict(type=int, default=64, help="how many recent tokens the penalty sees (default: %(default)s)")),
+    (("--seed",), dict(type=int, default=None, help="random seed (default: a fresh one, printed in the summary)")),
+    (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: the model's)")),
+    (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)")),
+    (("--kv",), dict(default="f32", metavar="FMT", help="KV cache format: f32 f16 q8_0 (default: %(default)s)")),
+]
+CHAT_ARGS = [
+    (("--system",), dict(default=None, help="system prompt (default: the template's own, if any)")),
+]
+# fmt: on
+
+
+def add(p: argparse.ArgumentParser, specs: list[tuple[tuple[str, ...], dict[str, Any]]]) -> None:
+    for flags, kwargs in specs:
+        p.add_argument(*flags, **kwargs)
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("temp", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the {what} {path}: {e}") from None
+
+
+def load_model(args: argparse.Namespace) -> LLM:
+    from .api import load
+
+    return load(
+        args.model, weights=args.weights, head=args.head, threads=args.threads, progress=True
     )
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-n",
-        "--n-predict",
-        type=positive_int,
-        default=128,
-        help="tokens to generate (default: %(default)s)",
-    )
-    p.add_argument(
-        "--temp",
-        type=finite_float,
-        default=0.8,
-        help="temperature, 0 for greedy (default: %(default)s)",
-    )
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=40,
-        help="keep the k most likely tokens, 0 = off (default: %(default)s)",
-    )
-    p.add_argument(
-        "--top-p",
-        type=finite_float,
-        default=0.95,
-        help="nucleus: keep the smallest set with this mass, 1 = off (default: %(default)s)",
-    )
-    p.add_argument(
-        "--min-p",
-        type=finite_float,
-        default=0.05,
-        help="drop tokens below min-p x the top probability, 0 = off (default: %(default)s)",
-    )
-    p.add_argument(
-        "--repeat-penalty",
-        type=finite_float,
-        default=1.0,
-        help="penalize recent tokens, 1 = off (default: %(default)s)",
-    )
-    p.add_argument(
-        "--repeat-last-n",
-        type=int,
-        default=64,
-        help="how many recent tokens the penalty sees (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="random seed (default: a fresh one, printed in the summary)",
-    )
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="stop when TEXT is generated; repeatable",
-    )
-    p.add_argument(
-        "-c",
-        "--ctx-size",
-        type=positive_int,
-        default=None,
-        help="context size in tokens (default: the model's)",
-    )
-    p.add_argument(
-        "--window",
-        type=positive_int,
-        default=None,
-        help="sliding attention window W, on any model (default: the model's, if any)",
-    )
-    p.add_argument(
-        "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
-    )
-
-
-def sampling_settings(args: argparse.Namespace):
-    from .sampling import SamplerSettings
-
-    return SamplerSettings(
-        temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
-    )  # fmt: skip
-
-
-def read_prompt(args: argparse.Namespace) -> str:
-    if args.file is not None:
-        try:
-            return Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read the prompt file {args.file}: {e}") from None
-    if args.prompt is None:
-        raise UsageError("give a prompt with -p TEXT or -f FILE")
-    return args.prompt
-
-
-def summary_line(stats) -> str:
+def summary_line(stats: Stats) -> str:
     parts = [f"prompt {stats.prompt_tokens} tokens, prefill {stats.prefill_tok_s:.1f} tok/s"]
     if stats.decode_steps:
         parts.append(
@@ -164,74 +112,145 @@ def summary_line(stats) -> str:
     return "llama-np: " + " | ".join(parts)
 
 
+def stream_out(pieces: Iterable[str]) -> None:
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import load
     from .generate import Stats
 
-    prompt = read_prompt(args)
-    settings = sampling_settings(args)
-    llm = load(
-        args.model, weights=args.weights, head=args.head, threads=args.threads, progress=True
-    )
+    if args.file is not None:
+        prompt = read_text(args.file, "prompt file")
+    elif args.prompt is not None:
+        prompt = args.prompt
+    else:
+        raise UsageError("give a prompt with -p TEXT or -f FILE")
+    llm = load_model(args)
     stats = Stats()
-    out = sys.stdout
-    try:
-        for piece in llm.stream(
-            prompt, args.n_predict, stop=args.stop, ctx=args.ctx_size, window=args.window,
-            kv=args.kv, stats=stats, **vars(settings),
-        ):  # fmt: skip
-            out.write(piece)
-            out.flush()
-    finally:
-        out.write("\n")
-        out.flush()
+    if args.chat:
+        from .chat import ChatSession
+
+        session = ChatSession(
+            llm, args.system, args.ctx_size, args.window, args.kv, **sampling(args)
+        )
+        stream_out(session.send(prompt, args.n_predict, stats))
+    else:
+        opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv, stats=stats)
+        stream_out(llm.stream(prompt, args.n_predict, **opts, **sampling(args)))
     print(summary_line(stats), file=sys.stderr)
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import ChatSession
+    from .generate import Stats
+
+    llm = load_model(args)
+    session = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv, **sampling(args))
+    print(f"llama-np chat with {llm.path.name}: type a message, Ctrl-D to leave", file=sys.stderr)
+    while True:
+        try:
+            sys.stderr.write("> ")  # the prompt is not output: stdout carries only replies
+            sys.stderr.flush()
+            line = input()
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            continue
+        stats = Stats()
+        stream_out(session.send(line, args.n_predict, stats))
+        if args.verbose:
+            print(summary_line(stats), file=sys.stderr)
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from .api import set_threads
+    from .hub import resolve_model
     from .quantize import quantize_checkpoint
 
     set_threads(args.threads)
-    out = quantize_checkpoint(args.model, args.output, args.to, args.head, args.force)
+    out = quantize_checkpoint(
+        resolve_model(args.model), args.output, args.to, args.head, args.force
+    )
     print(f"llama-np: wrote {out} ({args.to})", file=sys.stderr)
     return 0
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
-    from .api import load
     from .perplexity import perplexity
 
-    try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read the text file {args.file}: {e}") from None
-    llm = load(
-        args.model, weights=args.weights, head=args.head, threads=args.threads, progress=True
-    )
+    text = read_text(args.file, "text file")
+    llm = load_model(args)
     r = perplexity(llm, text, args.ctx_size, args.kv, progress=True)
+    windows = r.evaluated // args.ctx_size
     print(
         f"perplexity {r.ppl:.4f} over {r.scored} scored tokens "
-        f"({r.evaluated // args.ctx_size} windows of {args.ctx_size}), {r.tokens_per_s:.1f} tok/s"
+        f"({windows} windows of {args.ctx_size}), {r.tokens_per_s:.1f} tok/s"
     )
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .hub import pull
+
+    path = pull(args.alias, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .hub import cache_dir, list_models
+
+    print(f"cache: {cache_dir()}")
+    for alias, description, where in list_models():
+        print(f"{alias:16s} {description}\n{'':16s} {where}")
     return 0
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="llama-np", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
     g = sub.add_parser("generate", help="generate text from a prompt")
-    add_model_args(g)
+    add(g, MODEL_ARGS)
     g.add_argument("-p", "--prompt", help="the prompt text")
     g.add_argument("-f", "--file", help="read the prompt from this file")
-    add_sampling_args(g)
+    add(g, SAMPLING_ARGS)
+    g.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop when TEXT is generated; repeatable",
+    )
+    g.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    add(g, CHAT_ARGS)
     g.set_defaults(func=cmd_generate)
 
+    c = sub.add_parser("chat", help="talk with the model (multi-turn, the KV cache is kept)")
+    add(c, MODEL_ARGS)
+    add(c, SAMPLING_ARGS)
+    add(c, CHAT_ARGS)
+    c.add_argument(
+        "-v", "--verbose", action="store_true", help="print a summary line after each reply"
+    )
+    c.set_defaults(func=cmd_chat, n_predict=512)
+
     q = sub.add_parser("quantize", help="write a checkpoint in another weight format")
-    q.add_argument("-m", "--model", required=True, help="input checkpoint directory or .gguf file")
     q.add_argument(
-        "--to", required=True, metavar="FMT", help="weight format: q8_0, q4_0, q4_1, f32, f16, bf16"
+        "-m", "--model", required=True, help="input checkpoint directory, .gguf file or alias"
+    )
+    q.add_argument(
+        "--to", required=True, metavar="FMT", help="weight format: q8_0 q4_0 q4_1 f32 f16 bf16"
     )
     q.add_argument("-o", "--output", required=True, help="output directory (must not exist)")
     q.add_argument("--head", metavar="FMT", help="format of the LM head (default: as --to)")
@@ -240,7 +259,7 @@ def build_parser() -> Parser:
     q.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("perplexity", help="teacher-forced perplexity of a text")
-    add_model_args(p)
+    add(p, MODEL_ARGS)
     p.add_argument("-f", "--file", required=True, help="the text file")
     p.add_argument(
         "-c",
@@ -253,6 +272,16 @@ def build_parser() -> Parser:
         "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
     )
     p.set_defaults(func=cmd_perplexity)
+
+    pl = sub.add_parser("pull", help="download a model alias into the cache")
+    pl.add_argument(
+        "alias", nargs="?", default=DEFAULT_MODEL, help="model alias (default: %(default)s)"
+    )
+    pl.add_argument("--force", action="store_true", help="download again even if cached")
+    pl.set_defaults(func=cmd_pull)
+
+    ls = sub.add_parser("list", help="model aliases and what is cached")
+    ls.set_defaults(func=cmd_list)
     return parser
 
 

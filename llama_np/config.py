@@ -50,6 +50,9 @@ class Config:
     tie_embeddings: bool = False  # the LM head reuses the token embedding table
     bos_id: int | None = 1
     eos_ids: tuple[int, ...] = (2,)
+    # GGUF's rope_freqs tensor: each inverse frequency is divided by its factor (how
+    # llama.cpp stores Llama 3's RoPE scaling); None when absent.
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def q_dim(self) -> int:

@@ -56,9 +56,9 @@ class KVCache:
         return pos + 1 if self.window is None else min(pos + 1, self.window)
 
     def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
-        """Append k, v (n_kv, T, hd) of positions pos:pos+T to `layer`; return what those T
+        """Append k, v (T, n_kv, hd) of positions pos:pos+T to `layer`; return what those T
         queries attend to. `advance(T)` moves `pos` once every layer is updated."""
-        p0, t = self.pos, k.shape[1]
+        p0, t = self.pos, k.shape[0]
         if self.window is None:
             if p0 + t > self.capacity:
                 raise ContextFull(
@@ -76,10 +76,11 @@ class KVCache:
         old = self._view(layer, held, None, 0)
         slots = np.arange(held)
         held_pos = slots + w * ((p0 - 1 - slots) // w)  # newest position in each slot
-        k_all = np.concatenate([old.k, k], axis=1)  # copies: the ring is overwritten next
-        v_all = np.concatenate([old.v, v], axis=1)
+        # copies, in (n_kv, L, hd) order: the ring is overwritten next
+        k_all = np.concatenate([old.k, k.transpose(1, 0, 2)], axis=1)
+        v_all = np.concatenate([old.v, v.transpose(1, 0, 2)], axis=1)
         m = min(t, w)
-        written = self._write_ring(layer, p0 + t - m, k[:, t - m :], v[:, t - m :])
+        written = self._write_ring(layer, p0 + t - m, k[t - m :], v[t - m :])
         positions = np.concatenate([held_pos, np.arange(p0, p0 + t)])
         return KVView(k_all, v_all, positions, old.read_nbytes, written)
 
@@ -90,13 +91,24 @@ class KVCache:
 
     def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
         """Store positions start:start+m (m <= W) in their slots, wrapping at most once."""
-        s, m = start % self.slots, k.shape[1]
+        s, m = start % self.slots, k.shape[0]
         first = min(m, self.slots - s)
         K, V = self.k[layer], self.v[layer]
-        written = K.write(s, k[:, :first]) + V.write(s, v[:, :first])
+        written = K.write(s, k[:first]) + V.write(s, v[:first])
         if first < m:
-            written += K.write(0, k[:, first:]) + V.write(0, v[:, first:])
+            written += K.write(0, k[first:]) + V.write(0, v[first:])
         return written
+
+    def truncate(self, n: int) -> bool:
+        """Forget every position from n on; False (nothing changed) when a ring has already
+        overwritten keys that position n - 1 would need."""
+        if n > self.pos:
+            raise ValueError(f"cannot truncate to {n}: the cache holds {self.pos} positions")
+        # a ring has overwritten positions below pos - W; those n - 1 attends to must remain
+        if self.window is not None and max(0, n - self.window + 1) < self.pos - self.window:
+            return False
+        self.pos = n
+        return True
 
     def advance(self, t: int) -> None:
         self.pos += t

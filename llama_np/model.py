@@ -103,7 +103,7 @@ class Transformer:
         k = self._linear(layer.wk, h, "attn_weights").reshape(t, c.n_kv_heads, c.head_dim)
         v = self._linear(layer.wv, h, "attn_weights").reshape(t, c.n_kv_heads, c.head_dim)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        view = cache.update(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # (n_kv, T, hd)
+        view = cache.update(i, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
         self.meter.read("kv_cache", view.read_nbytes)
         self.meter.write("kv_cache", view.write_nbytes)
         mask = None

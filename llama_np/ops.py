@@ -24,6 +24,8 @@ def rope_inv_freq(config: Config) -> np.ndarray:
     hd = config.head_dim
     exponents = np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)
     inv_freq = np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)
+    if config.rope_freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(config.rope_freq_factors, dtype=np.float32)
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq

@@ -72,10 +72,9 @@ def write_tokenizer(src: Source, out: Path) -> None:
     elif isinstance(src.tokenizer, HFTokenizer):
         tok = src.tokenizer
         tok.tok.save(str(out / "tokenizer.json"))
-        piece = tok.tok.id_to_token
         cfg = {
-            "bos_token": None if tok.bos_id is None else piece(tok.bos_id),
-            "eos_token": piece(tok.eos_ids[0]) if tok.eos_ids else None,
+            "bos_token": None if tok.bos_id is None else tok.token_text(tok.bos_id),
+            "eos_token": tok.token_text(tok.eos_ids[0]) if tok.eos_ids else None,
             "add_bos_token": tok.add_bos,
             "chat_template": tok.chat_template,
         }

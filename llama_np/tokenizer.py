@@ -34,6 +34,10 @@ class Tokenizer(ABC):
     def token_id(self, piece: str) -> int | None:
         """Id of a token given by its text, e.g. "<|im_end|>"; None if absent."""
 
+    @abstractmethod
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry of a token id, e.g. "<s>" (as chat templates want it)."""
+
     def encode(self, text: str, bos: bool | None = None) -> list[int]:
         """Ids of `text`, with BOS first when the checkpoint's tokenizer adds it."""
         ids = self._encode(text)
@@ -71,24 +75,27 @@ class SentencePieceTokenizer(Tokenizer):
         i = self.sp.piece_to_id(piece)
         return None if i == self.sp.unk_id() and piece != self.sp.id_to_piece(i) else i
 
+    def token_text(self, token: int) -> str:
+        return self.sp.id_to_piece(token)
+
 
 class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer`: built from tokenizer.json, or from GGUF vocabularies."""
 
     def __init__(
-        self, tok: Any, cfg: dict[str, Any], bos: str | None = None, eos: str | None = None
+        self,
+        tok: Any,
+        bos_id: int | None,
+        eos_ids: tuple[int, ...],
+        add_bos: bool | None,
+        chat_template: str | None = None,
     ) -> None:
+        """add_bos None: the tokenizer's own post-processor decides (tokenizer.json)."""
         self.tok = tok
-        bos = bos or _token_text(cfg.get("bos_token"))
-        eos = eos or _token_text(cfg.get("eos_token"))
-        self.bos_id = self.token_id(bos) if bos else None
-        eos_id = self.token_id(eos) if eos else None
-        self.eos_ids = () if eos_id is None else (eos_id,)
-        # Without an explicit add_bos_token, the tokenizer.json's own post-processor decides.
-        explicit = cfg.get("add_bos_token")
-        self._post = explicit is None
-        self.add_bos = bool(explicit)
-        self.chat_template = _template(cfg)
+        self.bos_id, self.eos_ids = bos_id, eos_ids
+        self._post = add_bos is None
+        self.add_bos = bool(add_bos)
+        self.chat_template = chat_template
 
     @classmethod
     def from_file(cls, path: Path, cfg: dict[str, Any]) -> HFTokenizer:
@@ -98,7 +105,12 @@ class HFTokenizer(Tokenizer):
             tok = RustTokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception
             raise LlamaNpError(f"{path}: not a valid tokenizer.json ({e})") from None
-        return cls(tok, cfg)
+        bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+        bos_id = tok.token_to_id(bos) if bos else None
+        eos_id = tok.token_to_id(eos) if eos else None
+        add_bos = cfg.get("add_bos_token")
+        eos_ids = () if eos_id is None else (eos_id,)
+        return cls(tok, bos_id, eos_ids, None if add_bos is None else bool(add_bos), _template(cfg))
 
     @property
     def vocab_size(self) -> int:
@@ -112,6 +124,9 @@ class HFTokenizer(Tokenizer):
 
     def token_id(self, piece: str) -> int | None:
         return self.tok.token_to_id(piece)
+
+    def token_text(self, token: int) -> str:
+        return self.tok.id_to_token(token)
 
 
 def _token_text(value: Any) -> str | None:

@@ -1,4 +1,10 @@
-"""KV-cache storage formats: one layer's keys or values, (n_kv_heads, slots, head_dim)."""
+"""KV-cache storage formats: one layer's keys or values.
+
+Stored position-major, (slots, n_kv_heads, head_dim): a decode step writes one contiguous
+row, and memory pages are touched in order as the cache fills (a first touch of a page is
+expensive on some machines). Reads return (n_kv_heads, n, head_dim) views, which BLAS
+takes as they are.
+"""
 
 from __future__ import annotations
 
@@ -19,23 +25,23 @@ class KVStore:
 
     def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
         # np.zeros maps untouched pages lazily: a large context costs memory only when used.
-        self.data = np.zeros((n_kv, slots, head_dim), np.float32)
+        self.data = np.zeros((slots, n_kv, head_dim), np.float32)
 
     def arrays(self) -> list[np.ndarray]:
         return [self.data]
 
     def write(self, s0: int, x: np.ndarray) -> int:
-        """Store x (n_kv, T, hd) in slots s0:s0+T; returns the bytes written."""
-        self.data[:, s0 : s0 + x.shape[1]] = x
-        return self.stored_nbytes(s0, s0 + x.shape[1])
+        """Store x (T, n_kv, hd) in slots s0:s0+T; returns the bytes written."""
+        self.data[s0 : s0 + x.shape[0]] = x
+        return self.stored_nbytes(s0, s0 + x.shape[0])
 
     def read(self, s0: int, s1: int) -> np.ndarray:
         """Slots s0:s1 as float32, (n_kv, s1 - s0, hd)."""
-        return self.data[:, s0:s1]
+        return self.data[s0:s1].transpose(1, 0, 2)
 
     def stored_nbytes(self, s0: int, s1: int) -> int:
         """Bytes the stored arrays hold for slots s0:s1: what a read of them touches."""
-        return sum(a[:, s0:s1].nbytes for a in self.arrays())
+        return sum(a[s0:s1].nbytes for a in self.arrays())
 
 
 class F16KVStore(KVStore):
@@ -44,15 +50,15 @@ class F16KVStore(KVStore):
     fmt = "f16"
 
     def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
-        self.data = np.zeros((n_kv, slots, head_dim), np.uint16)  # float16 bit patterns
+        self.data = np.zeros((slots, n_kv, head_dim), np.uint16)  # float16 bit patterns
 
     def write(self, s0: int, x: np.ndarray) -> int:
         half = np.clip(x, -65504.0, 65504.0).astype(np.float16)
-        self.data[:, s0 : s0 + x.shape[1]] = half.view(np.uint16)
-        return self.stored_nbytes(s0, s0 + x.shape[1])
+        self.data[s0 : s0 + x.shape[0]] = half.view(np.uint16)
+        return self.stored_nbytes(s0, s0 + x.shape[0])
 
     def read(self, s0: int, s1: int) -> np.ndarray:
-        return f16_to_f32(self.data[:, s0:s1])
+        return f16_to_f32(self.data[s0:s1]).transpose(1, 0, 2)
 
 
 class Q8_0KVStore(KVStore):
@@ -63,27 +69,27 @@ class Q8_0KVStore(KVStore):
     def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
         if head_dim % BLOCK:
             raise QuantError(f"a q8_0 KV cache needs head_dim divisible by {BLOCK}, got {head_dim}")
-        self.codes = np.zeros((n_kv, slots, head_dim), np.int8)
-        self.scales = np.zeros((n_kv, slots, head_dim // BLOCK), np.uint16)  # float16 bits
+        self.codes = np.zeros((slots, n_kv, head_dim), np.int8)
+        self.scales = np.zeros((slots, n_kv, head_dim // BLOCK), np.uint16)  # float16 bits
 
     def arrays(self) -> list[np.ndarray]:
         return [self.codes, self.scales]
 
     def write(self, s0: int, x: np.ndarray) -> int:
-        n_kv, t, hd = x.shape
-        blocks = x.reshape(n_kv * t, hd // BLOCK, BLOCK)
-        with np.errstate(divide="ignore", over="ignore"):
+        t, n_kv, hd = x.shape
+        blocks = np.ascontiguousarray(x).reshape(t * n_kv, hd // BLOCK, BLOCK)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             codes, d, _ = Q8_0Weight.quantize_blocks(blocks)
             d16 = np.clip(d, 0.0, 65504.0).astype(np.float16)
-        self.codes[:, s0 : s0 + t] = codes.view(np.int8).reshape(n_kv, t, hd)
-        self.scales[:, s0 : s0 + t] = d16.view(np.uint16).reshape(n_kv, t, -1)
+        self.codes[s0 : s0 + t] = codes.view(np.int8).reshape(t, n_kv, hd)
+        self.scales[s0 : s0 + t] = d16.view(np.uint16).reshape(t, n_kv, -1)
         return self.stored_nbytes(s0, s0 + t)
 
     def read(self, s0: int, s1: int) -> np.ndarray:
-        n_kv, _, hd = self.codes.shape
-        q = self.codes[:, s0:s1].astype(np.float32).reshape(n_kv, s1 - s0, hd // BLOCK, BLOCK)
-        q *= f16_to_f32(self.scales[:, s0:s1])[..., None]
-        return q.reshape(n_kv, s1 - s0, hd)
+        _, n_kv, hd = self.codes.shape
+        q = self.codes[s0:s1].astype(np.float32).reshape(s1 - s0, n_kv, hd // BLOCK, BLOCK)
+        q *= f16_to_f32(self.scales[s0:s1])[..., None]
+        return q.reshape(s1 - s0, n_kv, hd).transpose(1, 0, 2)
 
 
 KV_FORMATS: dict[str, type[KVStore]] = {c.fmt: c for c in (KVStore, F16KVStore, Q8_0KVStore)}

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import build_hf_model
+from tests.helpers import SP_CORPUS, build_hf_model
 
 
 @pytest.fixture(scope="session")
@@ -9,3 +9,42 @@ def gqa_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("llama_gqa")
     ref = build_hf_model("llama_gqa", directory)
     return directory, ref
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF), fetched through `llama-np pull` into the cache
+    ($LLAMA_NP_CACHE or ~/.cache/llama-np), so CI downloads it once."""
+    from llama_np.cli import main
+
+    assert main(["pull", "smollm2-135m"]) == 0
+    from llama_np.hub import MODELS, cached_path
+
+    return cached_path(MODELS["smollm2-135m"])
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """transformers' own reading of the same GGUF: weights dequantized to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, name = smollm2_path.parent, smollm2_path.name
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(d, gguf_file=name)
+
+
+@pytest.fixture(scope="session")
+def sp_dir(tmp_path_factory):
+    """A sentencepiece BPE model (400 pieces, byte fallback) trained on a small corpus."""
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("sp")
+    (d / "corpus.txt").write_text("\n".join(SP_CORPUS * 40), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(d / "corpus.txt"), model_prefix=str(d / "tokenizer"), vocab_size=400,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0, split_digits=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )  # fmt: skip
+    return d

@@ -6,7 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 VOCAB = 258  # 256 byte tokens + <s> + </s>
+SP_CORPUS = [
+    "Once upon a time there was a little llama who lived in the mountains.",
+    "The quick brown fox jumps over the lazy dog 1234567890 times.",
+    "Héllo wörld, ça va? Ünïcödé is fün. 日本語のテキストです。",
+    "  leading spaces and trailing   ",
+    "new\nlines\n\nand\ttabs here",
+]
 BOS, EOS = 256, 257
 
 
@@ -125,3 +134,86 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
+
+
+def sp_vocab(model_file: Path) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and GGUF token types of a sentencepiece model."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        kind = 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
+        types.append(kind)
+    return tokens, scores, types
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of Q/K rows (for its RoPE layout)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_gguf(path: Path, model: Any, sp_model: Path, types: dict[str, str]) -> None:
+    """Write a transformers Llama model and a sentencepiece vocabulary as a GGUF file with
+    the gguf package's writer, as llama.cpp's converter lays it out. `types` maps a GGUF
+    tensor-name suffix (e.g. "attn_q") to F32/F16/BF16/Q8_0/Q4_0/Q4_1."""
+    import gguf
+    from gguf.quants import quantize
+
+    c = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    tokens, scores, token_types = sp_vocab(sp_model)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(token_types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }  # fmt: skip
+    for i in range(c.num_hidden_layers):
+        names |= {f"model.layers.{i}.{k}.weight": f"blk.{i}.{v}.weight" for k, v in layer.items()}
+    for hf_name, gguf_name in names.items():
+        if hf_name not in sd:
+            continue
+        t = sd[hf_name]
+        kind = gguf_name.split(".")[-2]
+        if kind == "attn_q":
+            t = llama_cpp_permute(t, c.num_attention_heads)
+        elif kind == "attn_k":
+            t = llama_cpp_permute(t, c.num_key_value_heads)
+        qtype = gguf.GGMLQuantizationType[types.get(kind, "F32") if t.ndim == 2 else "F32"]
+        w.add_tensor(gguf_name, quantize(t, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -8,13 +8,6 @@ import pytest
 
 from llama_np.tokenizer import HFTokenizer, SentencePieceTokenizer, StreamDecoder, load_tokenizer
 
-CORPUS = [
-    "Once upon a time there was a little llama who lived in the mountains.",
-    "The quick brown fox jumps over the lazy dog 1234567890 times.",
-    "Héllo wörld, ça va? Ünïcödé is fün. 日本語のテキストです。",
-    "  leading spaces and trailing   ",
-    "new\nlines\n\nand\ttabs here",
-]
 TEXTS = [
     "Once upon a time",
     "The llama ate 42 apples on 2024-01-15.",
@@ -26,21 +19,6 @@ TEXTS = [
     "multi-byte: héllo, 日本語, emoji 🦙🚀, Ω≈ç√",
     "unseen characters: ₿ ∮ 𝔘",
 ]
-
-
-@pytest.fixture(scope="module")
-def sp_dir(tmp_path_factory):
-    import sentencepiece as spm
-
-    d = tmp_path_factory.mktemp("sp")
-    (d / "corpus.txt").write_text("\n".join(CORPUS * 40), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(d / "corpus.txt"), model_prefix=str(d / "tokenizer"), vocab_size=400,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0, split_digits=True,
-        remove_extra_whitespaces=False, normalization_rule_name="identity",
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
-    )  # fmt: skip
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ def sample(rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 def check_bit_exact(fmt: str, w: np.ndarray) -> None:
     ours = FORMATS[fmt].from_float(w)
-    ref = quantize(w, GGML[fmt])
+    with np.errstate(all="ignore"):  # the reference warns on subnormal blocks (1 / d overflows)
+        ref = quantize(w, GGML[fmt])
     assert np.array_equal(ours.to_blocks(), ref), "codes or scales differ from gguf.quants"
     ref_values = dequantize(ref, GGML[fmt])
     assert np.array_equal(ours.dequantize(), ref_values)

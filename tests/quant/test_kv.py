@@ -17,7 +17,7 @@ REL_ERR = {"f32": 0.0, "f16": 2.0**-11, "q8_0": 1 / 254 + 2.0**-11 * 127 / 127}
 def test_write_read_round_trip(fmt):
     x = np.random.default_rng(0).standard_normal((3, 5, 64)).astype(np.float32) * 4
     store = kv_store_class(fmt)(3, 16, 64)
-    written = store.write(7, x)
+    written = store.write(7, x.transpose(1, 0, 2))  # written (T, n_kv, hd), read (n_kv, T, hd)
     got = store.read(7, 12)
     assert got.dtype == np.float32 and got.shape == x.shape
     amax = np.abs(x).reshape(3, 5, 2, 32).max(-1, keepdims=True)
@@ -28,7 +28,7 @@ def test_write_read_round_trip(fmt):
 
 def test_f16_saturates_instead_of_overflowing():
     store = kv_store_class("f16")(1, 2, 32)
-    store.write(0, np.full((1, 1, 32), 1e6, np.float32))
+    store.write(0, np.full((1, 1, 32), 1e6, np.float32))  # (T, n_kv, hd)
     assert (store.read(0, 1) == 65504.0).all()
 
 
