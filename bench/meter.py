@@ -8,6 +8,7 @@ the tests hold the two against each other.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 CATEGORIES = ("attn_weights", "mlp_weights", "lm_head", "embedding", "norms", "kv_cache")
@@ -22,6 +23,8 @@ class Step:
     n_tokens: int
     reads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    wall: float = 0.0  # seconds from begin to end
 
     @property
     def bytes_read(self) -> int:
@@ -33,16 +36,21 @@ class Step:
 
 
 class Meter:
-    """Counts bytes per step; cheap enough (a dict update per kernel call) to stay on."""
+    """Counts bytes per step; cheap enough (a dict update per kernel call) to stay on.
+    With `profile` set, the model also reports the seconds each category's kernels take
+    (`lap`); whatever a step spends outside them is Python, dispatch and glue."""
 
     def __init__(self) -> None:
+        self.profile = False
         self.last: Step | None = None  # the step most recently finished
         self._step: Step | None = None
+        self._t0 = 0.0
         self.decode_steps = 0
         self.decode_bytes_read = 0
 
     def begin(self, kind: str, pos: int, n_tokens: int) -> None:
         self._step = Step(kind, pos, n_tokens)
+        self._t0 = time.perf_counter()
 
     def read(self, category: str, nbytes: int) -> None:
         self._step.reads[category] += nbytes
@@ -50,8 +58,13 @@ class Meter:
     def write(self, category: str, nbytes: int) -> None:
         self._step.writes[category] += nbytes
 
+    def lap(self, category: str, t0: float) -> None:
+        """Add the time since t0 (a time.perf_counter() value) to `category`."""
+        self._step.seconds[category] += time.perf_counter() - t0
+
     def end(self) -> Step:
         step, self._step = self._step, None
+        step.wall = time.perf_counter() - self._t0
         self.last = step
         if step.kind == "decode":
             self.decode_steps += 1

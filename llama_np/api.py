@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from quant import parallel
+
 from .config import Config
 from .errors import LlamaNpError, UsageError
 from .generate import Stats, generate
@@ -36,6 +38,17 @@ def set_threads(n: int | None) -> int:
     n = n or default_threads()
     threadpool_limits(n, user_api="blas")
     return n
+
+
+def start_kernels(model: Transformer, threads: int) -> int:
+    """Run the model's kernels on `threads` processes (quant.parallel), each with one BLAS
+    thread; where that is not available, one process with `threads` BLAS threads.
+    Returns the number of processes."""
+    if parallel.start(model.weights.matrices(), threads):
+        threadpool_limits(1, user_api="blas")
+    else:
+        threadpool_limits(threads, user_api="blas")
+    return parallel.active()
 
 
 class LLM:
@@ -116,7 +129,9 @@ def load(
     """Load a checkpoint directory, a .gguf file or a model alias (default: smollm2-135m,
     pulled on first use). `weights` converts every matrix to that format at load time (None
     keeps them as stored); `head` gives the LM head its own format."""
-    set_threads(threads)
+    threads = set_threads(threads)
     src = open_source(resolve_model(model))
     w = build_weights(src.config, src.tensors, weights, head, progress=progress)
-    return LLM(Transformer(src.config, w), src.tokenizer, src.path)
+    llm = LLM(Transformer(src.config, w), src.tokenizer, src.path)
+    start_kernels(llm.model, threads)
+    return llm

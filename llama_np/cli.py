@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from quant import QuantError
 
+from .cli_bench import DEVICE_ARGS
 from .errors import LlamaNpError, UsageError
 from .hub import DEFAULT_MODEL
 
@@ -98,7 +99,7 @@ def load_model(args: argparse.Namespace) -> LLM:
     )
 
 
-def summary_line(stats: Stats) -> str:
+def summary_line(stats: Stats, args: argparse.Namespace | None = None) -> str:
     parts = [f"prompt {stats.prompt_tokens} tokens, prefill {stats.prefill_tok_s:.1f} tok/s"]
     if stats.decode_steps:
         parts.append(
@@ -106,10 +107,34 @@ def summary_line(stats: Stats) -> str:
             f"({1e3 / stats.decode_ms:.1f} tok/s)"
         )
         parts.append(f"{stats.bytes_per_token / 1e6:.1f} MB/token, {stats.gbs:.1f} GB/s")
+        parts += peak_shares(stats, args)
     else:
         parts.append(f"generated {len(stats.generated)} tokens")
     parts.append(f"stop: {stats.stop_reason}, seed {stats.seed}")
     return "llama-np: " + " | ".join(parts)
+
+
+def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
+    """Achieved bandwidth as a share of this machine's attainable bandwidth (from a cached
+    `llama-np probe`) and of a device's theoretical peak (--device / --peak-gbs)."""
+    from bench.probe import load_probe
+    from quant import parallel
+
+    from .api import default_threads
+    from .cli_bench import device_of
+
+    out = []
+    probe = load_probe((args.threads if args else None) or default_threads())
+    if probe is None:
+        out.append("% of attainable: run `llama-np probe` once")
+    else:
+        tier, bw = probe.attainable(int(stats.bytes_per_token))
+        out.append(f"{100 * stats.gbs * 1e9 / bw:.0f}% of attainable {tier} ({bw / 1e9:.1f} GB/s)")
+    device = device_of(args) if args is not None and hasattr(args, "device") else None
+    if device is not None:
+        out.append(f"{100 * stats.gbs * 1e9 / device.bandwidth:.1f}% of {device.name} peak")
+    out.append(f"{parallel.active()} processes")
+    return out
 
 
 def stream_out(pieces: Iterable[str]) -> None:
@@ -143,7 +168,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv, stats=stats)
         stream_out(llm.stream(prompt, args.n_predict, **opts, **sampling(args)))
-    print(summary_line(stats), file=sys.stderr)
+    print(summary_line(stats, args), file=sys.stderr)
     return 0
 
 
@@ -167,7 +192,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         stats = Stats()
         stream_out(session.send(line, args.n_predict, stats))
         if args.verbose:
-            print(summary_line(stats), file=sys.stderr)
+            print(summary_line(stats, args), file=sys.stderr)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -234,6 +259,7 @@ def build_parser() -> Parser:
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
     )
     add(g, CHAT_ARGS)
+    add(g, DEVICE_ARGS)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="talk with the model (multi-turn, the KV cache is kept)")
@@ -282,6 +308,10 @@ def build_parser() -> Parser:
 
     ls = sub.add_parser("list", help="model aliases and what is cached")
     ls.set_defaults(func=cmd_list)
+
+    from .cli_bench import add_commands
+
+    add_commands(sub, MODEL_ARGS, add)
     return parser
 
 
@@ -293,6 +323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         print("\nllama-np: interrupted", file=sys.stderr)
         return 130
-    except (LlamaNpError, QuantError) as e:
+    except (LlamaNpError, QuantError, ImportError) as e:
         print(f"llama-np: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)

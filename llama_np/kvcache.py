@@ -45,6 +45,7 @@ class KVCache:
         self.v = [store(*shape) for _ in range(config.n_layers)]
         self.fmt = fmt
         self.slots = slots
+        self.head_shape = (config.n_kv_heads, config.head_dim)
         self.pos = 0  # positions stored so far; the next token has position `pos`
 
     def room(self) -> int | None:
@@ -98,6 +99,22 @@ class KVCache:
         if first < m:
             written += K.write(0, k[first:]) + V.write(0, v[first:])
         return written
+
+    def fill_random(self, n: int, rng: np.random.Generator) -> None:
+        """Start at depth n: random keys and values for positions 0..n-1 (the newest W of
+        them under a window), written through the cache's format. For benchmarks, which
+        need the KV reads of a deep context, not its meaning."""
+        if self.window is None and n > self.capacity:
+            raise ContextFull(f"depth {n} exceeds the context size {self.capacity}")
+        keep = n if self.window is None else min(n, self.window)
+        chunk = min(1024, self.slots)  # bounded temporary memory; a ring wraps once at most
+        for layer in range(len(self.k)):
+            for p in range(n - keep, n, chunk):
+                k, v = rng.standard_normal(
+                    (2, min(chunk, n - p), *self.head_shape), dtype=np.float32
+                )
+                self._write_ring(layer, p, k, v)
+        self.pos = n
 
     def truncate(self, n: int) -> bool:
         """Forget every position from n on; False (nothing changed) when a ring has already

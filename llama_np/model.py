@@ -8,15 +8,16 @@ kernel is called, the meter records the bytes of the arrays that call reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
 from bench.meter import Meter
-from quant import Weight
+from quant import Weight, matmuls, matvecs
 
 from .config import Config
 from .kvcache import KVCache
-from .ops import attention, causal_mask, rmsnorm, rope, rope_cos_sin, rope_inv_freq, swiglu
+from .ops import Rotary, attention, causal_mask, rmsnorm, rope_inv_freq, swiglu
 
 
 @dataclass
@@ -74,12 +75,15 @@ class Transformer:
         w, meter = self.weights, self.meter
         t, p0 = len(tokens), cache.pos
         meter.begin("decode" if t == 1 else "prefill", p0, t)
+        t0 = perf_counter() if meter.profile else 0.0
         x = w.embed.rows(tokens)  # (T, dim)
         meter.read("embedding", t * w.embed.row_nbytes)
+        if t0:
+            meter.lap("embedding", t0)
         positions = np.arange(p0, p0 + t)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)  # (T, head_dim / 2) each
+        rot = Rotary(positions, self.inv_freq)  # shared by every layer
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, x, cache, positions, cos, sin)
+            x = x + self._attention(i, layer, x, cache, positions, rot)
             x = x + self._mlp(layer, x)
         cache.advance(t)
         x = self._norm(x if all_logits else x[-1:], w.norm)
@@ -94,37 +98,62 @@ class Transformer:
         x: np.ndarray,
         cache: KVCache,
         positions: np.ndarray,
-        cos: np.ndarray,
-        sin: np.ndarray,
+        rot: Rotary,
     ) -> np.ndarray:
         c, t = self.config, x.shape[0]
         h = self._norm(x, layer.attn_norm)
-        q = self._linear(layer.wq, h, "attn_weights").reshape(t, c.n_heads, c.head_dim)
-        k = self._linear(layer.wk, h, "attn_weights").reshape(t, c.n_kv_heads, c.head_dim)
-        v = self._linear(layer.wv, h, "attn_weights").reshape(t, c.n_kv_heads, c.head_dim)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        q, k, v = self._linears([layer.wq, layer.wk, layer.wv], h, "attn_weights")
+        q = q.reshape(t, c.n_heads, c.head_dim)
+        k, v = k.reshape(t, c.n_kv_heads, c.head_dim), v.reshape(t, c.n_kv_heads, c.head_dim)
+        meter = self.meter
+        t0 = perf_counter() if meter.profile else 0.0
+        q, k = rot(q), rot(k)
+        if t0:  # timed with the attention projections
+            meter.lap("attn_weights", t0)
+            t0 = perf_counter()
         view = cache.update(i, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
-        self.meter.read("kv_cache", view.read_nbytes)
-        self.meter.write("kv_cache", view.write_nbytes)
+        meter.read("kv_cache", view.read_nbytes)
+        meter.write("kv_cache", view.write_nbytes)
         mask = None
         if view.positions is not None:
             mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
         out = attention(q, view.k, view.v, mask)  # (T, n_heads * head_dim)
+        if t0:
+            meter.lap("kv_cache", t0)
         return self._linear(layer.wo, out, "attn_weights")
 
     def _mlp(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         h = self._norm(x, layer.mlp_norm)
-        gate = self._linear(layer.w_gate, h, "mlp_weights")  # (T, hidden_dim)
-        up = self._linear(layer.w_up, h, "mlp_weights")
-        return self._linear(layer.w_down, swiglu(gate, up), "mlp_weights")  # (T, dim)
+        gate, up = self._linears([layer.w_gate, layer.w_up], h, "mlp_weights")  # (T, hidden)
+        t0 = perf_counter() if self.meter.profile else 0.0
+        act = swiglu(gate, up)
+        if t0:  # timed with the MLP matrices
+            self.meter.lap("mlp_weights", t0)
+        return self._linear(layer.w_down, act, "mlp_weights")  # (T, dim)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        self.meter.read("norms", weight.nbytes)
-        return rmsnorm(x, weight, self.config.norm_eps)
+        meter = self.meter
+        meter.read("norms", weight.nbytes)
+        t0 = perf_counter() if meter.profile else 0.0
+        y = rmsnorm(x, weight, self.config.norm_eps)
+        if t0:
+            meter.lap("norms", t0)
+        return y
 
     def _linear(self, w: Weight, x: np.ndarray, category: str) -> np.ndarray:
-        """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
-        self.meter.read(category, w.nbytes)
+        return self._linears([w], x, category)[0]
+
+    def _linears(self, ws: list[Weight], x: np.ndarray, category: str) -> list[np.ndarray]:
+        """x @ W.T for matrices sharing the input (q, k, v): matvecs for one token, matmuls
+        for a batch, handed to the kernel processes at once. (T, cols) -> (T, rows) each"""
+        meter = self.meter
+        for w in ws:
+            meter.read(category, w.nbytes)
+        t0 = perf_counter() if meter.profile else 0.0
         if x.shape[0] == 1:
-            return w.matvec(x[0])[None, :]
-        return w.matmul(x)
+            ys = [y[None, :] for y in matvecs(ws, x[0])]
+        else:
+            ys = matmuls(ws, x)
+        if t0:
+            meter.lap(category, t0)
+        return ys

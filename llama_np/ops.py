@@ -14,7 +14,10 @@ from .config import Config
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis. (..., dim) -> (..., dim)"""
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis. (T, dim) -> (T, dim)"""
+    if x.shape[0] == 1:  # decode: one BLAS dot, scalar math, one product (a call costs ~3 us)
+        inv = 1.0 / math.sqrt(float(x[0] @ x[0]) / x.shape[1] + eps)
+        return x * (weight * np.float32(inv))
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
 
@@ -47,19 +50,34 @@ def rope_inv_freq(config: Config) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of position * frequency, each (T, head_dim/2)."""
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(angles), np.sin(angles)
+class Rotary:
+    """RoPE at the given positions, in transformers' rotate-half convention: the pair
+    (i, i + head_dim/2) turns by position * inv_freq[i].
 
+    For one position (decode) the rotation is a (head_dim, head_dim) matrix built once per
+    token and shared by every layer: applying it is one small matmul instead of six
+    elementwise passes."""
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate pairs (i, i + head_dim/2): transformers' rotate-half convention.
-    x (T, heads, head_dim), cos/sin (T, head_dim/2) -> (T, heads, head_dim)"""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray) -> None:
+        angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
+        self.cos, self.sin = np.cos(angles), np.sin(angles)
+        self.matrix = None
+        if len(positions) == 1:
+            h = inv_freq.size
+            i = np.arange(h)
+            r = np.zeros((2 * h, 2 * h), np.float32)
+            r[i, i] = r[i + h, i + h] = self.cos[0]
+            r[i, i + h], r[i + h, i] = self.sin[0], -self.sin[0]
+            self.matrix = r  # out[j] = x[j] cos - x[j+h] sin;  out[j+h] = x[j+h] cos + x[j] sin
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x (T, heads, head_dim) -> (T, heads, head_dim)"""
+        if self.matrix is not None:
+            return np.matmul(x, self.matrix)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        c, s = self.cos[:, None, :], self.sin[:, None, :]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -80,9 +98,18 @@ def attention(
     t, n_heads, hd = q.shape
     n_kv = k.shape[0]
     n_rep = n_heads // n_kv
+    scale = np.float32(1.0 / math.sqrt(hd))
+    if t == 1 and mask is None:  # decode: the fewest NumPy calls
+        s = np.matmul(q.reshape(n_kv, n_rep, hd), k.transpose(0, 2, 1))  # (n_kv, n_rep, L)
+        s *= scale
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        out = np.matmul(s, v)  # (n_kv, n_rep, hd), normalized after: fewer elements
+        out /= s.sum(axis=-1, keepdims=True)
+        return out.reshape(1, n_heads * hd)
     # (T, n_kv, n_rep, hd) -> (n_kv, n_rep * T, hd): one batched matmul per KV head
     qg = q.reshape(t, n_kv, n_rep, hd).transpose(1, 2, 0, 3).reshape(n_kv, n_rep * t, hd)
-    scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(hd))
+    scores = np.matmul(qg, k.transpose(0, 2, 1)) * scale
     if mask is not None:
         scores = scores.reshape(n_kv, n_rep, t, -1) + mask
     probs = softmax(scores).reshape(n_kv, n_rep * t, -1)
@@ -98,11 +125,14 @@ def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), written with tanh so that no large |x| overflows exp."""
-    return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
-
-
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The MLP's gated activation: silu(gate) * up."""
-    return silu(gate) * up
+    """The MLP's gated activation silu(gate) * up = gate * up * sigmoid(gate), with
+    sigmoid(g) = (1 + tanh(g / 2)) / 2 so that no large |g| overflows an exp; in place,
+    one buffer for the whole chain."""
+    t = np.multiply(gate, np.float32(0.5))
+    np.tanh(t, out=t)
+    t += np.float32(1.0)
+    t *= gate
+    t *= up
+    t *= np.float32(0.5)
+    return t

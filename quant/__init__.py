@@ -6,9 +6,11 @@ the `Weight` interface, chosen once at load time by name.
 
 from __future__ import annotations
 
-from .base import QuantError, Weight
+from .base import Weight
 from .blocks import BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
+from .errors import QuantError
 from .floats import BF16Weight, F16Weight, F32Weight
+from .parallel import matmuls, matvecs
 
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls for cls in (F32Weight, F16Weight, BF16Weight, Q8_0Weight, Q4_0Weight, Q4_1Weight)
@@ -31,4 +33,13 @@ def convert(w: Weight, fmt: str) -> Weight:
     return cls.from_float(w.dequantize())
 
 
-__all__ = ["FORMATS", "BlockWeight", "QuantError", "Weight", "convert", "weight_class"]
+__all__ = [
+    "FORMATS",
+    "BlockWeight",
+    "QuantError",
+    "Weight",
+    "convert",
+    "matmuls",
+    "matvecs",
+    "weight_class",
+]

@@ -12,9 +12,8 @@ from typing import ClassVar, Self
 
 import numpy as np
 
-
-class QuantError(ValueError):
-    """A tensor that cannot be stored in, or read from, a format."""
+from . import parallel
+from .errors import QuantError
 
 
 class Weight(ABC):
@@ -36,6 +35,12 @@ class Weight(ABC):
     def nbytes(self) -> int:
         """Bytes the matrix really occupies in memory; a decode step reads all of them."""
         return sum(a.nbytes for a in self.arrays().values())
+
+    @classmethod
+    @abstractmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        """Bytes a (rows, cols) matrix occupies in memory in this format, from the shape
+        alone: what the speed-of-light model uses, and what `nbytes` must equal."""
 
     @property
     def row_nbytes(self) -> int:
@@ -68,12 +73,25 @@ class Weight(ABC):
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
     @abstractmethod
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        """W @ x for one float32 vector x of shape (cols,): the decode kernel."""
+    def splits(self) -> list[int]:
+        """Row boundaries where the kernels may cut the matrix between processes (tile
+        edges), from 0 to rows."""
 
     @abstractmethod
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        """out = (W @ x)[r0:r1], for r0, r1 in `splits()`: the decode kernel."""
+
+    @abstractmethod
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        """out = (x @ W.T)[:, r0:r1] for x (T, cols): the prefill kernel."""
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W @ x for a float32 vector x (cols,), on every process of the team."""
+        return parallel.matvecs([self], x)[0]
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x @ W.T for float32 x of shape (T, cols), giving (T, rows): the prefill kernel."""
+        """x @ W.T for float32 x (T, cols) -> (T, rows), on every process of the team."""
+        return parallel.matmuls([self], x)[0]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={self.shape}, nbytes={self.nbytes})"

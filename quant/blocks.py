@@ -27,7 +27,8 @@ from typing import ClassVar, Self
 
 import numpy as np
 
-from .base import QuantError, Weight, check_float_matrix
+from .base import Weight, check_float_matrix
+from .errors import QuantError
 
 BLOCK = 32
 # Weights converted per NumPy call. A call costs 2-4 us whatever its size, so small tiles
@@ -35,9 +36,14 @@ BLOCK = 32
 TILE_WEIGHTS = 1 << 18
 
 
-def tile_rows(cols: int) -> int:
-    """Rows per tile: about TILE_WEIGHTS weights, a multiple of 32 rows."""
-    return int(np.clip(TILE_WEIGHTS // cols // 32 * 32, 32, 1024))
+def plan_tiles(rows: int, cols: int) -> list[tuple[int, int]]:
+    """Row ranges of the tiles: at most about TILE_WEIGHTS weights each (but at least 16
+    rows), an even number of them so two processes split a matrix evenly."""
+    n = max(2, -(-rows * cols // TILE_WEIGHTS))
+    n += n % 2
+    per_tile = -(-rows // n)
+    step = max(16, (per_tile + 15) // 16 * 16)
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 _scratch: dict[tuple[int, ...], np.ndarray] = {}
@@ -85,9 +91,7 @@ class BlockWeight(Weight):
             )
         self.nb = nb
         self.tiles: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        step = tile_rows(cols)
-        for r0 in range(0, rows, step):
-            r1 = min(rows, r0 + step)
+        for r0, r1 in plan_tiles(rows, cols):
             self.tiles.append(
                 (
                     r0,
@@ -106,6 +110,13 @@ class BlockWeight(Weight):
             if m is not None:
                 out[f"mins{i}"] = m
         return out
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        """Codes, plus a float32 scale (and min) per block of 32."""
+        rows, cols = shape
+        per_block = cls.code_bytes + 4 * (2 if cls.has_min else 1)
+        return rows * (cols // BLOCK) * per_block
 
     def export(self) -> dict[str, np.ndarray]:
         """The canonical arrays at rest: codes in GGML byte order, float16 scales (and mins)."""
@@ -180,44 +191,42 @@ class BlockWeight(Weight):
         return np.concatenate(parts) if parts else np.empty((0, self.shape[1]), np.float32)
 
     # --- kernels -------------------------------------------------------------------------
-    def _chunks(self, n: int) -> range:
-        """Blocks converted at once for a tile of n rows: a chunk stays inside L2."""
-        return range(0, self.nb, max(1, TILE_WEIGHTS // (BLOCK * n)))
+    def splits(self) -> list[int]:
+        return [t[0] for t in self.tiles] + [self.shape[0]]
 
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        xb = x.reshape(self.nb, 1, BLOCK)
-        sx = x.reshape(self.nb, BLOCK).sum(axis=1)  # (nb,) per-block sums for offset and min
-        y = np.empty(self.shape[0], np.float32)
-        for r0, r1, q, d, m in self.tiles:
-            n = r1 - r0
-            step = self._chunks(n).step
-            acc = np.zeros(n, np.float32)
-            for b0 in self._chunks(n):
-                b1 = min(self.nb, b0 + step)
-                buf = scratch((step * BLOCK, n))[: (b1 - b0) * BLOCK]
-                v = self.unpack(q[b0 * self.code_bytes : b1 * self.code_bytes], buf)
-                p = np.matmul(xb[b0:b1], v.reshape(b1 - b0, BLOCK, n))[:, 0]  # (nb', n) dots
-                if self.offset:
-                    p += np.float32(self.offset) * sx[b0:b1, None]
-                p *= d[b0:b1]
-                acc += p.sum(axis=0)
-                if m is not None:
-                    acc += sx[b0:b1] @ m[b0:b1]
-            y[r0:r1] = acc
-        return y
+    def _tiles_in(self, r0: int, r1: int) -> list[tuple]:
+        return [t for t in self.tiles if r0 <= t[0] and t[1] <= r1]
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        y = np.empty((x.shape[0], self.shape[0]), np.float32)
-        for r0, r1, q, d, m in self.tiles:
-            n = r1 - r0
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        """Per tile: codes to float32 (one cast), the per-block dot products of every row
+        at once (one batched matmul), then the scales on that small (nb, n) result."""
+        nb = self.nb
+        xb = x.reshape(nb, 1, BLOCK)
+        sx = x.reshape(nb, BLOCK).sum(axis=1)  # per-block sums, for the offset and the min
+        for t0, t1, q, d, m in self._tiles_in(r0, r1):
+            n = t1 - t0
+            v = self.unpack(q, scratch((self.shape[1], n))).reshape(nb, BLOCK, n)
+            p = np.matmul(xb, v, out=scratch((nb, 1, n)))[:, 0]  # (nb, n) block dot products
+            np.multiply(p, d, out=p)
+            y = out[t0 - r0 : t1 - r0]
+            np.add.reduce(p, axis=0, out=y)
+            if self.offset:  # sum_b d (q - 8) . x = sum_b d q . x - 8 sum_b d sum(x_b)
+                y += np.float32(self.offset) * (sx @ d)
+            if m is not None:
+                y += sx @ m
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        """Per tile: dequantize W[tile].T into a float32 buffer, then one GEMM; the
+        conversion is shared by all T rows of x."""
+        for t0, t1, q, d, m in self._tiles_in(r0, r1):
+            n = t1 - t0
             w = self.unpack(q, scratch((self.shape[1], n))).reshape(self.nb, BLOCK, n)
             if self.offset:
                 w += np.float32(self.offset)
             w *= d[:, None, :]
             if m is not None:
                 w += m[:, None, :]
-            np.matmul(x, w.reshape(self.shape[1], n), out=y[:, r0:r1])
-        return y
+            np.matmul(x, w.reshape(self.shape[1], n), out=out[:, t0 - r0 : t1 - r0])
 
     # --- quantization --------------------------------------------------------------------
     @classmethod

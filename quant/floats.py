@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Self
 
 import numpy as np
 
-from .base import QuantError, Weight, check_float_matrix
+from .base import Weight, check_float_matrix
+from .errors import QuantError
 
 # Elements converted per NumPy call: large enough that the 2-4 us a call costs fades.
 TILE_ELEMS = 1 << 18
@@ -40,28 +42,6 @@ def f32_to_bf16(w: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(w), 0x7FC0, rounded).astype(np.uint16)
 
 
-def tiled_matvec(w: Weight, x: np.ndarray) -> np.ndarray:
-    """W @ x by converting a few rows at a time to float32: never the whole matrix."""
-    rows, cols = w.shape
-    step = max(1, TILE_ELEMS // cols)
-    y = np.empty(rows, np.float32)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        np.matmul(w.dequantize(r0, r1), x, out=y[r0:r1])
-    return y
-
-
-def tiled_matmul(w: Weight, x: np.ndarray) -> np.ndarray:
-    """x @ W.T, converting a few rows of W at a time; the conversion amortizes over x's rows."""
-    rows, cols = w.shape
-    step = max(1, 4 * TILE_ELEMS // cols)
-    y = np.empty((x.shape[0], rows), np.float32)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        np.matmul(x, w.dequantize(r0, r1).T, out=y[:, r0:r1])
-    return y
-
-
 class F32Weight(Weight):
     fmt = "f32"
     bits_per_weight = 32.0
@@ -74,6 +54,10 @@ class F32Weight(Weight):
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"weight": self.w}
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        return shape[0] * shape[1] * 4
 
     @classmethod
     def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
@@ -89,11 +73,14 @@ class F32Weight(Weight):
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.w[ids]
 
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.w @ x
+    def splits(self) -> list[int]:
+        return [*range(0, self.shape[0], 16), self.shape[0]]
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        return x @ self.w.T
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        np.matmul(self.w[r0:r1], x, out=out)
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        np.matmul(x, self.w[r0:r1].T, out=out)
 
 
 class _Float16Bits(Weight):
@@ -111,14 +98,27 @@ class _Float16Bits(Weight):
         return {"bits": self.bits}
 
     @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        return shape[0] * shape[1] * 2
+
+    @classmethod
     def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
         return cls(arrays["bits"].reshape(shape))
 
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        return tiled_matvec(self, x)
+    def splits(self) -> list[int]:
+        """Tiles of about TILE_ELEMS elements: each is converted, then multiplied."""
+        step = max(1, TILE_ELEMS // self.shape[1])
+        return [*range(0, self.shape[0], step), self.shape[0]]
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        return tiled_matmul(self, x)
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        cuts = [s for s in self.splits() if r0 <= s <= r1]
+        for a, b in pairwise(cuts):
+            np.matmul(self.dequantize(a, b), x, out=out[a - r0 : b - r0])
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        cuts = [s for s in self.splits() if r0 <= s <= r1]
+        for a, b in pairwise(cuts):
+            np.matmul(x, self.dequantize(a, b).T, out=out[:, a - r0 : b - r0])
 
 
 class F16Weight(_Float16Bits):

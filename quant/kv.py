@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import QuantError
 from .blocks import BLOCK, Q8_0Weight
+from .errors import QuantError
 from .floats import f16_to_f32
 
 
@@ -29,6 +29,12 @@ class KVStore:
 
     def arrays(self) -> list[np.ndarray]:
         return [self.data]
+
+    @classmethod
+    def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
+        """Bytes one position of one layer's keys (or values) occupies: the shape rule the
+        speed-of-light model uses; `stored_nbytes` must agree."""
+        return n_kv * head_dim * 4
 
     def write(self, s0: int, x: np.ndarray) -> int:
         """Store x (T, n_kv, hd) in slots s0:s0+T; returns the bytes written."""
@@ -52,6 +58,10 @@ class F16KVStore(KVStore):
     def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
         self.data = np.zeros((slots, n_kv, head_dim), np.uint16)  # float16 bit patterns
 
+    @classmethod
+    def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
+        return n_kv * head_dim * 2
+
     def write(self, s0: int, x: np.ndarray) -> int:
         half = np.clip(x, -65504.0, 65504.0).astype(np.float16)
         self.data[s0 : s0 + x.shape[0]] = half.view(np.uint16)
@@ -74,6 +84,10 @@ class Q8_0KVStore(KVStore):
 
     def arrays(self) -> list[np.ndarray]:
         return [self.codes, self.scales]
+
+    @classmethod
+    def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
+        return n_kv * (head_dim + 2 * (head_dim // BLOCK))
 
     def write(self, s0: int, x: np.ndarray) -> int:
         t, n_kv, hd = x.shape

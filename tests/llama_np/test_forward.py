@@ -35,13 +35,20 @@ def test_every_intermediate_is_float32(gqa_dir, monkeypatch):
     checked on the way in and out: one float64 array fails the test."""
     llm = llama_np.load(gqa_dir[0])
     seen: list[str] = []
-    for name in ("rmsnorm", "rope", "rope_cos_sin", "attention", "causal_mask", "swiglu"):
+    for name in ("rmsnorm", "attention", "causal_mask", "swiglu", "matvecs", "matmuls"):
         monkeypatch.setattr(model_module, name, _guard(name, getattr(model_module, name), seen))
+
+    class GuardedRotary(ops.Rotary):
+        def __init__(self, positions, inv_freq):
+            super().__init__(positions, inv_freq)
+            _check("rope tables", (self.cos, self.sin, self.matrix), seen)
+
+        def __call__(self, x):
+            return _guard("rope", super().__call__, seen)(x)
+
+    monkeypatch.setattr(model_module, "Rotary", GuardedRotary)
     for w in llm.model.weights.matrices():
-        for method in ("matvec", "matmul", "rows"):
-            monkeypatch.setattr(
-                w, method, _guard(f"{type(w).__name__}.{method}", getattr(w, method), seen)
-            )
+        monkeypatch.setattr(w, "rows", _guard(f"{type(w).__name__}.rows", w.rows, seen))
     cache = llm.new_cache()
     logits = llm.logits(list(range(1, 12)), cache)
     step = llm.step(5, cache)
@@ -52,8 +59,9 @@ def test_every_intermediate_is_float32(gqa_dir, monkeypatch):
         "attention",
         "causal_mask",
         "swiglu",
-        "F32Weight.matvec",
-        "F32Weight.matmul",
+        "matvecs",
+        "matmuls",
+        "F32Weight.rows",
     ):
         assert name in seen, f"{name} was never checked"
 
@@ -85,13 +93,24 @@ def test_rope_is_a_rotation_that_depends_on_relative_position():
     q, k = rng.standard_normal((2, 1, 1, 16)).astype(np.float32)
 
     def dot(pq: int, pk: int) -> float:
-        cq, sq = ops.rope_cos_sin(np.array([pq]), inv)
-        ck, sk = ops.rope_cos_sin(np.array([pk]), inv)
-        return float((ops.rope(q, cq, sq) * ops.rope(k, ck, sk)).sum())
+        rq, rk = ops.Rotary(np.array([pq]), inv), ops.Rotary(np.array([pk]), inv)
+        return float((rq(q) * rk(k)).sum())
 
     assert dot(7, 3) == pytest.approx(dot(14, 10), rel=1e-5)
-    cq, sq = ops.rope_cos_sin(np.array([5]), inv)
-    assert np.linalg.norm(ops.rope(q, cq, sq)) == pytest.approx(np.linalg.norm(q), rel=1e-6)
+    rotated = ops.Rotary(np.array([5]), inv)(q)
+    assert np.linalg.norm(rotated) == pytest.approx(np.linalg.norm(q), rel=1e-6)
+
+
+def test_rope_matrix_equals_elementwise_rope():
+    """Decode applies RoPE as one matrix; a batch applies it elementwise: same numbers."""
+    from llama_np.config import Config
+
+    inv = ops.rope_inv_freq(Config("llama", 64, 1, 4, 2, 64, 64, 10, 128, 1e-5, 10000.0))
+    x = np.random.default_rng(1).standard_normal((1, 6, 64)).astype(np.float32)
+    one = ops.Rotary(np.array([1234]), inv)
+    batch = ops.Rotary(np.array([1234, 7]), inv)
+    assert one.matrix is not None and batch.matrix is None
+    np.testing.assert_allclose(one(x), batch(np.concatenate([x, x]))[:1], rtol=0, atol=2e-6)
 
 
 def test_weights_are_never_float64(gqa_dir):

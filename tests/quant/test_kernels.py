@@ -3,21 +3,22 @@ at odd row counts and across tile and chunk boundaries."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
 from quant import FORMATS, convert
-from quant.blocks import TILE_WEIGHTS, tile_rows
+from quant.blocks import TILE_WEIGHTS, plan_tiles
 from quant.floats import bf16_to_f32, f16_to_f32, f32_to_bf16
 
 SHAPES = [
     (1, 32),
     (31, 64),
-    (tile_rows(576) - 1, 576),
-    (tile_rows(576), 576),
-    (tile_rows(576) + 1, 576),
-    (2 * tile_rows(1536) + 5, 1536),
-    (33, 2 * TILE_WEIGHTS // 32),  # a tile of 32 rows is converted in two chunks of blocks
+    (575, 576),  # two tiles, the second a row shorter
+    (577, 576),
+    (1541, 1536),  # several tiles and a ragged one
+    (33, 4 * TILE_WEIGHTS // 32),  # wide: tiles of 16 rows, the last of 1
 ]
 
 
@@ -45,12 +46,22 @@ def test_matvec_and_matmul_equal_dequantize_then_multiply(fmt, shape):
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_rows_are_an_embedding_lookup(fmt):
-    rows = tile_rows(64) + 20
+    rows = 700
     w = FORMATS[fmt].from_float(
         np.random.default_rng(0).standard_normal((rows, 64)).astype(np.float32)
     )
-    ids = np.array([0, rows - 1, 3, 3, tile_rows(64)])  # the first row of the second tile
+    second = plan_tiles(rows, 64)[1][0]
+    ids = np.array([0, rows - 1, 3, 3, second])  # the first row of the second tile
     np.testing.assert_array_equal(w.rows(ids), w.dequantize()[ids])
+
+
+def test_tiles_split_evenly_for_two_processes():
+    for rows, cols in [(576, 576), (192, 576), (1536, 576), (49152, 576), (258, 128)]:
+        tiles = plan_tiles(rows, cols)
+        assert tiles[0][0] == 0 and tiles[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in pairwise(tiles))
+        assert len(tiles) >= 2
+        assert max(t1 - t0 for t0, t1 in tiles) * cols <= max(TILE_WEIGHTS, 16 * cols) * 1.1
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

@@ -1,0 +1,190 @@
+"""`llama-np probe`: the read bandwidth NumPy can attain on this machine, by working-set size.
+
+Two kernels NumPy reaches: BLAS sgemv (y = A @ x, how a decode step reads an f32 matrix)
+and a reduction (np.add.reduce). Working sets run from 256 KiB to several times the
+last-level cache, whose sizes are read from the system. The result is cached per machine
+(CPU, threads, NumPy/BLAS), since a token's speed of light on a CPU depends on the cache
+tier its working set lives in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+from tqdm import tqdm
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def cache_dir() -> Path:
+    """The project's cache ($LLAMA_NP_CACHE, default ~/.cache/llama-np): models, probes."""
+    return Path(os.environ.get("LLAMA_NP_CACHE") or Path.home() / ".cache" / "llama-np")
+
+
+@dataclass
+class Caches:
+    l2_per_core: int  # bytes
+    l3: int  # bytes, shared (0 if none)
+    cores: int
+
+    @classmethod
+    def read(cls) -> Caches:
+        """Cache sizes from sysfs (Linux), else sysconf, else typical values."""
+        sizes: dict[int, int] = {}
+        for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+            try:
+                kind = (index / "type").read_text().strip()
+                level = int((index / "level").read_text())
+                text = (index / "size").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            if kind != "Instruction":
+                mult = {"K": KIB, "M": MIB}.get(text[-1], 1)
+                sizes[level] = int(text.rstrip("KM")) * mult
+        for level, key in ((2, "SC_LEVEL2_CACHE_SIZE"), (3, "SC_LEVEL3_CACHE_SIZE")):
+            if level not in sizes and key in os.sysconf_names:
+                sizes[level] = max(os.sysconf(key), 0)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return cls(sizes.get(2) or 512 * KIB, sizes.get(3) or 0, cores or 1)
+
+    @property
+    def llc(self) -> int:
+        return self.l3 or self.l2_per_core * self.cores
+
+
+@dataclass
+class Probe:
+    machine: str
+    threads: int
+    caches: Caches
+    sizes: list[int] = field(default_factory=list)  # working set, bytes
+    sgemv_gbs: list[float] = field(default_factory=list)
+    reduce_gbs: list[float] = field(default_factory=list)
+    sgemm_gflops: float = 0.0
+    seconds: float = 0.0
+
+    def tier_of(self, working_set: int) -> str:
+        """Where a working set of this size lives while it is streamed through."""
+        if working_set <= self.caches.l2_per_core * min(self.threads, self.caches.cores) // 2:
+            return "L2"
+        if self.caches.l3 and working_set <= self.caches.l3 // 2:
+            return "L3"
+        return "DRAM"
+
+    def tiers(self) -> dict[str, float]:
+        """Attainable sgemv bandwidth per tier (bytes/s): the best measured at the sizes
+        that clearly live in that tier (DRAM: at least 4x the last-level cache)."""
+        out: dict[str, float] = {}
+        for tier in ("L2", "L3", "DRAM"):
+            picks = [
+                g for s, g in zip(self.sizes, self.sgemv_gbs, strict=True)
+                if self.tier_of(s) == tier and (tier != "DRAM" or s >= 4 * self.caches.llc)
+            ]  # fmt: skip
+            if picks:
+                out[tier] = max(picks) * 1e9
+        return out
+
+    def attainable(self, working_set: int) -> tuple[str, float]:
+        tiers = self.tiers()
+        tier = self.tier_of(working_set)
+        return tier, tiers.get(tier) or tiers["DRAM"]
+
+
+def machine_id(threads: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    blas = ",".join(f"{i.get('internal_api')} {i.get('version')}" for i in threadpool_info())
+    return f"{platform.node()} | {cpu} | {threads} threads | numpy {np.__version__} | {blas}"
+
+
+def _time(fn: Callable[[], object], min_seconds: float) -> float:
+    """Best time of one call, repeating for at least min_seconds (and at least 3 times)."""
+    fn()
+    best, spent, n = float("inf"), 0.0, 0
+    while n < 3 or spent < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent, n = min(best, dt), spent + dt, n + 1
+    return best
+
+
+def run_probe(threads: int, progress: bool = True) -> Probe:
+    caches = Caches.read()
+    top = max(8 * caches.llc, 256 * MIB)
+    sizes = [256 * KIB << i for i in range(30) if 256 * KIB << i <= top]
+    probe = Probe(machine_id(threads), threads, caches, sizes)
+    rng = np.random.default_rng(0)
+    t_start = time.perf_counter()
+    with threadpool_limits(threads, user_api="blas"):
+        for size in tqdm(sizes, desc="probe", unit="size", disable=not progress):
+            cols = 1024
+            a = rng.random((size // 4 // cols, cols), dtype=np.float32)
+            x = rng.random(cols, dtype=np.float32)
+            budget = 0.15 if size < 64 * MIB else 0.6
+            probe.sgemv_gbs.append(a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9)
+            reduce = partial(np.add.reduce, a.reshape(-1))
+            probe.reduce_gbs.append(a.nbytes / _time(reduce, budget) / 1e9)
+        m = rng.random((1024, 1024), dtype=np.float32)
+        probe.sgemm_gflops = 2 * 1024**3 / _time(partial(np.matmul, m, m), 0.3) / 1e9
+    probe.seconds = time.perf_counter() - t_start
+    return probe
+
+
+def probe_path(threads: int) -> Path:
+    key = hashlib.sha256(machine_id(threads).encode()).hexdigest()[:16]
+    return cache_dir() / f"probe-{key}.json"
+
+
+def load_probe(threads: int) -> Probe | None:
+    try:
+        d = json.loads(probe_path(threads).read_text())
+        d["caches"] = Caches(**d["caches"])
+        probe = Probe(**d)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return probe if probe.machine == machine_id(threads) else None
+
+
+def save_probe(probe: Probe) -> Path:
+    path = probe_path(probe.threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(probe), indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def probe_report(p: Probe) -> str:
+    c = p.caches
+    lines = [
+        f"machine: {p.machine}",
+        f"caches: L2 {c.l2_per_core // KIB} KiB per core x {c.cores} cores, "
+        f"L3 {c.l3 // MIB} MiB; probe took {p.seconds:.1f} s",
+        "",
+        "| working set | tier | sgemv GB/s | reduce GB/s |",
+        "|---:|---|---:|---:|",
+    ]
+    for s, g, r in zip(p.sizes, p.sgemv_gbs, p.reduce_gbs, strict=True):
+        label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
+        lines.append(f"| {label} | {p.tier_of(s)} | {g:.1f} | {r:.1f} |")
+    lines += ["", "| tier | attainable (sgemv) GB/s |", "|---|---:|"]
+    lines += [f"| {t} | {bw / 1e9:.1f} |" for t, bw in p.tiers().items()]
+    lines.append(f"\nsgemm 1024^3: {p.sgemm_gflops:.1f} GFLOPS with {p.threads} threads")
+    return "\n".join(lines)

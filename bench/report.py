@@ -1,0 +1,128 @@
+"""Bench rows as a text table, markdown, CSV, JSON, a profile table, and a plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .runner import Row
+
+COLUMNS = [
+    ("model", lambda r: r.model),
+    ("weights", lambda r: r.weights if r.head == r.weights else f"{r.weights}/{r.head}"),
+    ("kv", lambda r: r.kv),
+    ("window", lambda r: str(r.window or "-")),
+    ("depth", lambda r: str(r.depth)),
+    ("prefill tok/s", lambda r: f"{r.prefill_tok_s:.1f}"),
+    ("decode ms/tok", lambda r: f"{r.decode_ms:.2f} ({r.decode_ms_min:.2f}-{r.decode_ms_max:.2f})"),
+    ("MB/tok", lambda r: f"{r.bytes_per_token / 1e6:.1f}"),
+    ("GB/s", lambda r: f"{r.gbs:.1f}"),
+    (
+        "% attainable",
+        lambda r: "-" if r.pct_attainable is None else f"{r.pct_attainable:.0f}% of {r.tier}",
+    ),
+    ("% peak", lambda r: "-" if r.pct_peak is None else f"{r.pct_peak:.1f}% of {r.device}"),
+    ("SOL ms/tok", lambda r: "-" if r.sol_ms is None else f"{r.sol_ms:.2f}"),
+    (
+        "measured/SOL",
+        lambda r: "-" if r.measured_over_sol is None else f"{r.measured_over_sol:.2f}",
+    ),
+]
+
+
+def cells(rows: list[Row]) -> list[list[str]]:
+    return [[name for name, _ in COLUMNS]] + [[f(r) for _, f in COLUMNS] for r in rows]
+
+
+def text_table(rows: list[Row]) -> str:
+    table = cells(rows)
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in table
+    )
+
+
+def markdown(rows: list[Row]) -> str:
+    table = cells(rows)
+    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in table[1:]])
+
+
+def csv_text(rows: list[Row]) -> str:
+    out = io.StringIO()
+    fields = [k for k in asdict(rows[0]) if k != "profile"] if rows else []
+    w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(asdict(r))
+    return out.getvalue()
+
+
+def json_text(rows: list[Row], extra: dict | None = None) -> str:
+    return json.dumps({**(extra or {}), "rows": [asdict(r) for r in rows]}, indent=1)
+
+
+def profile_table(row: Row) -> str:
+    lines = [f"profile: {row.model} {row.weights} kv {row.kv} depth {row.depth} (per decode token)",
+             f"{'category':18s} {'ms':>8s} {'share':>6s} {'MB':>8s} {'GB/s':>7s}"]  # fmt: skip
+    total = row.profile["total"]["ms"]
+    for cat, v in row.profile.items():
+        if cat == "total":
+            continue
+        share, mb = 100 * v["ms"] / total, v["bytes"] / 1e6
+        lines.append(f"{cat:18s} {v['ms']:8.3f} {share:5.1f}% {mb:8.2f} {v['gbs']:7.1f}")
+    lines.append(
+        f"{'total':18s} {total:8.3f} {100.0:5.1f}% {row.profile['total']['bytes'] / 1e6:8.2f}"
+    )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
+    """ms/token against depth with the speed-of-light line, and achieved vs attainable
+    bandwidth per format. Needs matplotlib (pip install 'llama-np[plot]')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'llama-np[plot]'") from None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.weights, r.kv, r.window), []).append(r)
+    for (model, weights, kv, window), rs in groups.items():
+        rs.sort(key=lambda r: r.depth)
+        label = f"{model} {weights} kv {kv}" + (f" w{window}" if window else "")
+        x = [r.depth for r in rs]
+        err = [
+            [r.decode_ms - r.decode_ms_min for r in rs],
+            [r.decode_ms_max - r.decode_ms for r in rs],
+        ]
+        line = a.errorbar(
+            x, [r.decode_ms for r in rs], yerr=err, marker="o", capsize=3, label=label
+        )
+        if all(r.sol_ms for r in rs):
+            a.plot(x, [r.sol_ms for r in rs], "--", color=line[0].get_color(), alpha=0.7)
+    a.set(xlabel="depth (tokens in the KV cache)", ylabel="decode ms/token",
+          title="measured (solid) vs speed of light (dashed)")  # fmt: skip
+    a.legend(fontsize=7)
+    names = [f"{r.weights} kv {r.kv}\nd{r.depth}" for r in rows]
+    xs = range(len(rows))
+    b.bar([x - 0.2 for x in xs], [r.gbs for r in rows], width=0.4, label="achieved")
+    b.bar(
+        [x + 0.2 for x in xs],
+        [r.attainable_gbs or 0 for r in rows],
+        width=0.4,
+        label="attainable (probe)",
+    )
+    b.set_xticks(list(xs), names, fontsize=6)
+    b.set(ylabel="GB/s", title="achieved vs attainable bandwidth")
+    b.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

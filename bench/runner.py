@@ -1,0 +1,179 @@
+"""The bench runner: time prefill and decode at several depths, count bytes with the meter,
+and hold each row against the speed-of-light model.
+
+It drives any object that offers the `Decoder` interface below; it never imports the
+model package. Repetitions are interleaved across depths (round r runs every depth before
+round r + 1 starts), so slow drift on a shared machine spreads over all rows alike.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from .devices import Device
+from .meter import CATEGORIES, Meter
+from .probe import Probe
+from .sol import Shape, estimate
+
+
+class Formats(NamedTuple):
+    weights: str  # the layers' matrices
+    head: str  # the LM head
+    embed: str  # the token embedding
+    kv: str  # the KV cache
+
+
+class Decoder(Protocol):
+    """What the runner needs from a model."""
+
+    meter: Meter
+
+    def start(self, depth: int) -> None:
+        """Begin a sequence whose KV cache already holds `depth` positions."""
+
+    def prefill(self, tokens: np.ndarray) -> None: ...
+
+    def step(self, token: int) -> None:
+        """One decode step."""
+
+
+@dataclass
+class Settings:
+    prompt: int = 32  # prefill length
+    n: int = 128  # decode steps per repetition
+    depths: tuple[int, ...] = (0,)
+    reps: int = 5
+    warmup: int = 2  # decode steps not timed at the start of each repetition
+    window: int | None = None
+    profile: bool = False
+
+
+@dataclass
+class Row:
+    model: str
+    weights: str
+    head: str
+    kv: str
+    window: int | None
+    depth: int
+    prefill_tok_s: float
+    decode_ms: float  # median over repetitions of the mean ms/token of a repetition
+    decode_ms_min: float
+    decode_ms_max: float
+    bytes_per_token: float  # measured by the meter
+    sol_bytes_per_token: int  # the speed-of-light model's count at the same position
+    gbs: float  # bytes_per_token / decode time
+    tier: str  # where the working set lives: L2, L3 or DRAM
+    attainable_gbs: float | None  # the probe's sgemv bandwidth for that tier
+    pct_attainable: float | None
+    device: str | None
+    pct_peak: float | None
+    sol_ms: float | None  # predicted with the attainable bandwidth (and sgemm peak)
+    measured_over_sol: float | None
+    bound: str | None
+    rss_mb: float = 0.0
+    profile: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def rss_mb() -> float:
+    """Resident set size now, MB (from /proc; the peak on systems without it)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 1e6
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+def _decode_round(
+    dec: Decoder, s: Settings, depth: int, rng: np.random.Generator
+) -> tuple[float, float, list]:
+    dec.start(depth)
+    t0 = time.perf_counter()
+    dec.prefill(rng.integers(0, 1000, s.prompt))
+    prefill = s.prompt / (time.perf_counter() - t0)
+    times, steps = [], []
+    for i in range(s.n):
+        t0 = time.perf_counter()
+        dec.step(int(rng.integers(0, 1000)))
+        if i >= s.warmup:
+            times.append(time.perf_counter() - t0)
+            steps.append(dec.meter.last)
+    return prefill, 1e3 * sum(times) / len(times), steps
+
+
+def run(
+    dec: Decoder,
+    shape: Shape,
+    formats: Formats,
+    s: Settings,
+    probe: Probe | None = None,
+    device: Device | None = None,
+    progress: bool = True,
+) -> list[Row]:
+    """Rows, one per depth."""
+    rng = np.random.default_rng(0)
+    results: dict[int, list[tuple[float, float, list]]] = {d: [] for d in s.depths}
+    dec.meter.profile = s.profile
+    with tqdm(total=s.reps * len(s.depths), desc="bench", unit="run", disable=not progress) as bar:
+        for _ in range(s.reps):
+            for depth in s.depths:
+                results[depth].append(_decode_round(dec, s, depth, rng))
+                bar.update()
+    return [_row(shape, formats, s, d, results[d], probe, device) for d in s.depths]
+
+
+def _row(shape: Shape, f: Formats, s: Settings, depth: int,
+         rounds: list, probe: Probe | None, device: Device | None) -> Row:  # fmt: skip
+    ms = [r[1] for r in rounds]
+    steps = [st for r in rounds for st in r[2]]
+    measured = statistics.fmean(st.bytes_read for st in steps)
+    mid = depth + s.prompt + (s.warmup + s.n) // 2
+    est = estimate(shape, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed)
+    decode_ms = statistics.median(ms)
+    gbs = measured / decode_ms / 1e6
+    row = Row(
+        shape.name, f.weights, f.head, f.kv, s.window, depth,
+        prefill_tok_s=statistics.median(r[0] for r in rounds),
+        decode_ms=decode_ms, decode_ms_min=min(ms), decode_ms_max=max(ms),
+        bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,
+        tier="?", attainable_gbs=None, pct_attainable=None, device=None, pct_peak=None,
+        sol_ms=None, measured_over_sol=None, bound=None, rss_mb=rss_mb(),
+    )  # fmt: skip
+    if probe is not None:
+        tier, bw = probe.attainable(est.bytes_per_token)
+        pred = est.predict(bw, probe.sgemm_gflops * 1e9)
+        row.tier, row.attainable_gbs = tier, bw / 1e9
+        row.pct_attainable = 100 * gbs * 1e9 / bw
+        row.sol_ms, row.bound = pred.ms_per_token, pred.bound
+        row.measured_over_sol = decode_ms / pred.ms_per_token
+    if device is not None:
+        row.device, row.pct_peak = device.name, 100 * gbs * 1e9 / device.bandwidth
+    if s.profile:
+        row.profile = _profile(steps)
+    return row
+
+
+def _profile(steps: list) -> dict[str, dict[str, float]]:
+    """Per category: ms and bytes per token and GB/s; 'outside kernels' is the rest."""
+    n = len(steps)
+    out: dict[str, dict[str, float]] = {}
+    for cat in CATEGORIES:
+        t = sum(st.seconds[cat] for st in steps) / n
+        b = sum(st.reads[cat] for st in steps) / n
+        out[cat] = {"ms": 1e3 * t, "bytes": b, "gbs": b / t / 1e9 if t else 0.0}
+    total = sum(st.wall for st in steps) / n
+    inside = sum(v["ms"] for v in out.values()) / 1e3
+    out["outside kernels"] = {"ms": 1e3 * (total - inside), "bytes": 0.0, "gbs": 0.0}
+    out["total"] = {"ms": 1e3 * total, "bytes": sum(st.bytes_read for st in steps) / n, "gbs": 0.0}
+    return out
+
+
+Formatter = Callable[[list[Row]], str]

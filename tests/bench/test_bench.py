@@ -1,0 +1,95 @@
+"""The probe, the bench runner and its reports, on small synthetic models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import bench.probe as probe_mod
+from bench import report
+from bench.probe import Caches, Probe
+from bench.runner import Formats, Settings, run
+from bench.sol import Shape
+from llama_np.benchmark import BenchDecoder, random_model
+from llama_np.cli import main
+
+MIB = 1 << 20
+SHAPE = Shape("tiny", 64, 2, 4, 2, 32, 128, 100)
+
+
+def fake_probe() -> Probe:
+    sizes = [256 << 10, 4 * MIB, 256 * MIB]
+    return Probe(
+        "test", 2, Caches(512 << 10, 32 * MIB, 2), sizes, [60.0, 100.0, 25.0], [20.0] * 3, 100.0
+    )
+
+
+def test_probe_tiers():
+    p = fake_probe()
+    assert (
+        p.tier_of(100 << 10) == "L2"
+        and p.tier_of(8 * MIB) == "L3"
+        and p.tier_of(200 * MIB) == "DRAM"
+    )
+    assert p.tiers() == {"L2": 60e9, "L3": 100e9, "DRAM": 25e9}
+    assert "| DRAM | 25.0 |" in probe_mod.probe_report(p)
+
+
+def test_probe_measures_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_NP_CACHE", str(tmp_path))
+    monkeypatch.setattr(Caches, "read", classmethod(lambda cls: Caches(512 << 10, 4 * MIB, 2)))
+    p = probe_mod.run_probe(2, progress=False)  # sizes up to 32 MiB here: a few seconds
+    assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
+    assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
+    probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
+
+
+@pytest.fixture(scope="module")
+def rows():
+    model = random_model(SHAPE, "q8_0", None)
+    dec = BenchDecoder(model, "f32", None, capacity=16 + 8 + 1)
+    s = Settings(prompt=8, n=6, depths=(0, 40), reps=2, warmup=1, profile=True)
+    return run(
+        dec, SHAPE, Formats("q8_0", "q8_0", "q8_0", "f32"), s, fake_probe(), None, progress=False
+    )
+
+
+def test_runner_rows_are_consistent(rows):
+    assert [r.depth for r in rows] == [0, 40]
+    for r in rows:
+        assert r.decode_ms_min <= r.decode_ms <= r.decode_ms_max and r.prefill_tok_s > 0
+        assert r.gbs == pytest.approx(r.bytes_per_token / r.decode_ms / 1e6)
+        assert r.tier == "L2" and r.pct_attainable == pytest.approx(100 * r.gbs / 60)
+        assert r.measured_over_sol == pytest.approx(r.decode_ms / r.sol_ms)
+        assert abs(r.bytes_per_token - r.sol_bytes_per_token) <= 2 * 2 * 2 * 64 * 4  # KV drift
+        prof = r.profile
+        assert sum(v["ms"] for k, v in prof.items() if k != "total") == pytest.approx(
+            prof["total"]["ms"]
+        )
+    assert rows[1].bytes_per_token > rows[0].bytes_per_token  # the deeper cache is read
+
+
+def test_reports(rows, tmp_path):
+    assert "decode ms/tok" in report.text_table(rows)
+    assert report.markdown(rows).count("\n") == len(rows) + 1
+    assert report.csv_text(rows).splitlines()[0].startswith("model,weights")
+    assert len(json.loads(report.json_text(rows))["rows"]) == 2
+    assert "outside kernels" in report.profile_table(rows[0])
+    report.plot(rows, tmp_path / "p.png", "test")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_command_on_a_synthetic_preset(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("llama_np.cli_bench.probe_for", lambda threads, refresh=False: fake_probe())
+    args = "bench -m synthetic:smollm2-135m --weights q4_0 -p 4 -n 4 -r 1 --depth 0,16 --json"
+    args = [*args.split(), "--peak-gbs", "50"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["depth"] for r in d["rows"]] == [0, 16]
+    r = d["rows"][0]
+    assert r["weights"] == "q4_0" and r["pct_peak"] == pytest.approx(100 * r["gbs"] / 50)
+    assert r["rss_mb"] > 0
+    assert np.isfinite(r["sol_ms"])

@@ -1,0 +1,46 @@
+"""The meter's count of a real decode step equals the speed-of-light model's bytes,
+exactly, per category: two independent paths (arrays touched vs shapes and formats)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bench.sol import Shape, estimate
+from llama_np.benchmark import random_model
+
+SHAPES = {
+    "gqa_untied": Shape("gqa_untied", 64, 2, 4, 2, 32, 96, 100),
+    "mha_tied": Shape("mha_tied", 64, 2, 2, 2, 32, 128, 77, tied=True),
+    "window": Shape("window", 96, 3, 3, 1, 32, 64, 50, window=8),
+}
+WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]
+KV = ["f32", "f16", "q8_0"]
+
+
+@pytest.mark.parametrize(("name", "fmt", "kv"), list(itertools.product(SHAPES, WEIGHTS, KV)))
+def test_meter_equals_speed_of_light_bytes(name, fmt, kv):
+    shape = SHAPES[name]
+    head = "q8_0" if fmt == "q4_1" else None  # the LM head in its own format, as in GGUFs
+    model = random_model(shape, fmt, head)
+    cache = model.new_cache(64, kv=kv)
+    model.forward(np.array([1, 2, 3]), cache)  # prefill positions 0-2
+    for pos in range(3, 14):  # before and after the window of 8
+        model.forward(np.array([pos % shape.vocab]), cache)
+        step = model.meter.last
+        assert step.kind == "decode" and step.pos == pos
+        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=model.weights.embed.fmt)
+        assert step.reads == est.reads, f"position {pos}"
+        assert step.writes["kv_cache"] == est.kv_write_bytes
+
+
+def test_a_forced_window_counts_the_window():
+    shape = SHAPES["gqa_untied"]
+    model = random_model(shape, "q8_0", None)
+    cache = model.new_cache(64, window=5)
+    model.forward(np.array([1, 2, 3, 4, 5, 6, 7]), cache)
+    model.forward(np.array([8]), cache)
+    assert model.meter.last.reads == estimate(shape, "q8_0", pos=7, window=5).reads
+    assert estimate(shape, "q8_0", pos=7, window=5).n_keys == 5

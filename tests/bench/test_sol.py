@@ -1,0 +1,123 @@
+"""The speed-of-light model: parameter counts, bytes, FLOPs, devices, the `sol` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.devices import DeviceError, get_device, load_devices
+from bench.sol import PRESETS, Shape, ShapeError, estimate, load_shape
+from llama_np.cli import main
+
+# Published parameter counts (model cards / papers), to the precision they give.
+PUBLISHED = {
+    "llama-7b": 6.74e9, "llama-13b": 13.02e9, "llama-33b": 32.53e9, "llama-65b": 65.29e9,
+    "llama-2-70b": 68.98e9, "llama-3-8b": 8.03e9, "llama-3-70b": 70.55e9, "mistral-7b": 7.24e9,
+    "mixtral-8x7b": 46.70e9, "tinyllama-1.1b": 1.10e9, "smollm2-135m": 134.5e6,
+    "smollm2-360m": 361.8e6, "smollm2-1.7b": 1.711e9,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_parameter_counts_match_published(name):
+    assert estimate(PRESETS[name]).params_total == pytest.approx(PUBLISHED[name], rel=2e-3)
+
+
+def test_mixture_of_experts_reads_only_active_experts():
+    e = estimate(PRESETS["mixtral-8x7b"])
+    # 12.9B active as published, which counts the whole embedding table; we read one row
+    assert e.params_active + 32000 * 4096 - 4096 == pytest.approx(12.88e9, rel=2e-3)
+    dense = Shape("dense", 4096, 32, 32, 8, 128, 14336 * 2, 32000)  # 2 experts' worth
+    assert e.reads["mlp_weights"] > estimate(dense).reads["mlp_weights"]  # plus the router
+
+
+def test_bytes_per_token_follow_the_formats_own_sizes():
+    s = PRESETS["llama-2-7b"]
+    f32, q8, q4 = (estimate(s, fmt, engine=False).weight_bytes for fmt in ("f32", "q8_0", "q4_0"))
+    assert q8 / f32 == pytest.approx(8.5 / 32, rel=1e-3)
+    assert q4 / f32 == pytest.approx(4.5 / 32, rel=1e-3)
+    # in llama-np's own memory the scales are float32: q4_0 takes 5 bits per weight
+    assert estimate(s, "q4_0").weight_bytes / f32 == pytest.approx(5.0 / 32, rel=1e-3)
+
+
+def test_kv_bytes_grow_with_position_until_the_window():
+    s = PRESETS["mistral-7b"]  # window 4096
+    kv = [estimate(s, pos=p).kv_bytes for p in (0, 1023, 4095, 10000)]
+    per_key = 32 * 2 * 8 * 128 * 4  # layers x (K, V) x kv heads x head_dim x float32
+    assert kv == [per_key, 1024 * per_key, 4096 * per_key, 4096 * per_key]
+
+
+def test_flops_are_two_per_weight_plus_attention():
+    s = PRESETS["llama-2-7b"]
+    e0, e1 = estimate(s, pos=0), estimate(s, pos=999)
+    assert e1.flops - e0.flops == 32 * 4 * 32 * 128 * 999
+    assert e0.flops == pytest.approx(2 * e0.params_active, rel=1e-3)
+
+
+def test_memory_bound_at_batch_one_on_every_device():
+    for device in load_devices().values():
+        p = estimate(PRESETS["llama-2-7b"], "q4_0").predict(
+            device.bandwidth, device.peak_flops("q4_0")
+        )
+        assert p.bound == "memory", device.name
+
+
+def test_device_table_has_what_users_ask_for():
+    table = load_devices()
+    for name in ["a100-40gb-pcie", "a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm", "h100-pcie",
+                 "h100-sxm", "h200", "rtx-3090", "rtx-4080", "rtx-4090", "apple-m1", "apple-m2",
+                 "apple-m2-pro", "apple-m2-max", "apple-m2-ultra", "apple-m3-max", "raspberry-pi-4",
+                 "raspberry-pi-5", "ryzen-9-7950x"]:  # fmt: skip
+        d = table[name]
+        assert d.bandwidth > 1e9 and d.flops["fp32"] > 1e9 and d.source
+
+
+def test_user_devices_and_peaks(tmp_path):
+    f = tmp_path / "mine.json"
+    f.write_text(
+        json.dumps({"devices": [{"name": "MyBox", "bandwidth": 5e10, "flops": {"fp32": 1e12}}]})
+    )
+    assert get_device("mybox", [f]).bandwidth == 5e10
+    assert get_device(peak_gbs=100, peak_gflops=2000).flops["fp32"] == 2e12
+    assert get_device("rtx-4090", peak_gbs=500).bandwidth == 500e9
+    with pytest.raises(DeviceError, match="unknown device 'gpu-9000'"):
+        get_device("gpu-9000")
+
+
+def test_shapes_from_hf_configs(tmp_path):
+    cfg = {
+        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "vocab_size": 151936, "tie_word_embeddings": True,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = load_shape(str(tmp_path))
+    assert s.qkv_bias and s.tied and s.head_dim == 64
+    assert estimate(s).params_total == pytest.approx(494e6, rel=5e-3)  # Qwen2-0.5B
+    with pytest.raises(ShapeError, match="neither a preset"):
+        load_shape("no-such-model")
+
+
+def test_sol_command_json(capsys):
+    assert (
+        main(
+            ["sol", "--config", "llama-2-7b", "--device", "rtx-4090", "--weights", "q4_0", "--json"]
+        )
+        == 0
+    )
+    d = json.loads(capsys.readouterr().out)
+    for key in ("params_total", "params_active", "weight_bytes_per_token", "kv_bytes_per_token",
+                "bytes_per_token", "flops_per_token", "bandwidth_bytes_per_s",
+                "predicted_ms_per_token", "predicted_tokens_per_s", "bound"):  # fmt: skip
+        assert key in d
+    assert d["bound"] == "memory"
+    assert d["predicted_ms_per_token"] == pytest.approx(1e3 * d["bytes_per_token"] / 1008e9)
+
+
+def test_sol_command_errors(capsys):
+    assert main(["sol", "--config", "llama-2-7b", "--device", "gpu-9000"]) == 2
+    assert "unknown device" in capsys.readouterr().err
+    assert main(["sol", "--config", "nope"]) == 2
+    assert main(["sol", "--list-devices"]) == 0
+    assert "h100-sxm" in capsys.readouterr().out
