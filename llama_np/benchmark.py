@@ -84,7 +84,7 @@ def random_model(shape: Shape, fmt: str | None, head: str | None, seed: int = 0)
 
 def formats(w: Weights) -> tuple[str, str, str]:
     """(layer, LM head, embedding) formats of a model; the bench needs one per role."""
-    layer = {m.fmt for l in w.layers for m in (l.wq, l.wk, l.wv, l.wo, l.w_gate, l.w_up, l.w_down)}
+    layer = {m.fmt for l in w.layers for m in (l.wqkv, l.wo, l.w_gate_up, l.w_down)}
     if len(layer) != 1:
         raise UsageError(f"the layers mix formats {sorted(layer)}; pass --weights to pick one")
     return layer.pop(), w.lm_head.fmt, w.embed.fmt

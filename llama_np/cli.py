@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from quant import QuantError
+from quant import FORMATS, QuantError
+from quant.kv import KV_FORMATS
 
 from .cli_bench import DEVICE_ARGS
 from .errors import LlamaNpError, UsageError
@@ -38,6 +39,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_PREDICT = 10_000_000
+
+
+def n_predict(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_PREDICT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PREDICT:,} tokens, got {value:,}")
+    return value
+
+
 def finite_float(text: str) -> float:
     try:
         value = float(text)
@@ -48,15 +59,18 @@ def finite_float(text: str) -> float:
     return value
 
 
+WEIGHT_FORMATS = sorted(FORMATS)
+KV_FORMAT_NAMES = sorted(KV_FORMATS)
+
 # fmt: off
 MODEL_ARGS = [
     (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
-    (("--weights",), dict(metavar="FMT", help="convert the weights to FMT at load: f32 f16 bf16 q8_0 q4_0 q4_1 (default: as stored)")),
-    (("--head",), dict(metavar="FMT", help="format of the LM head (default: as --weights)")),
+    (("--weights",), dict(choices=WEIGHT_FORMATS, metavar="FMT", help=f"convert the weights to FMT at load: {' '.join(WEIGHT_FORMATS)} (default: as stored)")),
+    (("--head",), dict(choices=WEIGHT_FORMATS, metavar="FMT", help="format of the LM head (default: as --weights)")),
     (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)")),
 ]
 SAMPLING_ARGS = [
-    (("-n", "--n-predict"), dict(type=positive_int, default=128, help="tokens to generate (default: %(default)s)")),
+    (("-n", "--n-predict"), dict(type=n_predict, default=128, help="tokens to generate (default: %(default)s)")),
     (("--temp",), dict(type=finite_float, default=0.8, help="temperature, 0 for greedy (default: %(default)s)")),
     (("--top-k",), dict(type=int, default=40, help="keep the k most likely tokens, 0 = off (default: %(default)s)")),
     (("--top-p",), dict(type=finite_float, default=0.95, help="keep the smallest set with this probability mass, 1 = off (default: %(default)s)")),
@@ -66,7 +80,7 @@ SAMPLING_ARGS = [
     (("--seed",), dict(type=int, default=None, help="random seed (default: a fresh one, printed in the summary)")),
     (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: the model's)")),
     (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)")),
-    (("--kv",), dict(default="f32", metavar="FMT", help="KV cache format: f32 f16 q8_0 (default: %(default)s)")),
+    (("--kv",), dict(default="f32", choices=KV_FORMAT_NAMES, metavar="FMT", help=f"KV cache format: {' '.join(KV_FORMAT_NAMES)} (default: %(default)s)")),
 ]
 CHAT_ARGS = [
     (("--system",), dict(default=None, help="system prompt (default: the template's own, if any)")),
@@ -276,10 +290,19 @@ def build_parser() -> Parser:
         "-m", "--model", required=True, help="input checkpoint directory, .gguf file or alias"
     )
     q.add_argument(
-        "--to", required=True, metavar="FMT", help="weight format: q8_0 q4_0 q4_1 f32 f16 bf16"
+        "--to",
+        required=True,
+        choices=WEIGHT_FORMATS,
+        metavar="FMT",
+        help=f"weight format: {' '.join(WEIGHT_FORMATS)}",
     )
     q.add_argument("-o", "--output", required=True, help="output directory (must not exist)")
-    q.add_argument("--head", metavar="FMT", help="format of the LM head (default: as --to)")
+    q.add_argument(
+        "--head",
+        choices=WEIGHT_FORMATS,
+        metavar="FMT",
+        help="format of the LM head (default: as --to)",
+    )
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("-t", "--threads", type=positive_int, help="threads (default: all cores)")
     q.set_defaults(func=cmd_quantize)
@@ -295,7 +318,11 @@ def build_parser() -> Parser:
         help="window size in tokens (default: %(default)s)",
     )
     p.add_argument(
-        "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
+        "--kv",
+        default="f32",
+        choices=KV_FORMAT_NAMES,
+        metavar="FMT",
+        help="KV cache format (default: %(default)s)",
     )
     p.set_defaults(func=cmd_perplexity)
 

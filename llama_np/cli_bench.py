@@ -10,6 +10,8 @@ from collections.abc import Callable
 from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
 from bench.sol import Estimate, Prediction, ShapeError, estimate, load_shape, to_json
+from quant import FORMATS
+from quant.kv import KV_FORMATS
 
 from .errors import UsageError
 
@@ -168,11 +170,21 @@ def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callabl
         help="a preset (e.g. llama-2-7b, smollm2-135m), a config.json or a checkpoint directory",
     )
     so.add_argument(
-        "--weights", default="f32", metavar="FMT", help="weight format (default: %(default)s)"
+        "--weights",
+        default="f32",
+        choices=sorted(FORMATS),
+        metavar="FMT",
+        help="weight format (default: %(default)s)",
     )
-    so.add_argument("--head", metavar="FMT", help="LM head format (default: as --weights)")
     so.add_argument(
-        "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
+        "--head", choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)"
+    )
+    so.add_argument(
+        "--kv",
+        default="f32",
+        choices=sorted(KV_FORMATS),
+        metavar="FMT",
+        help="KV cache format (default: %(default)s)",
     )
     so.add_argument(
         "--pos", type=int, default=0, help="position of the decoded token (default: %(default)s)"
@@ -201,7 +213,11 @@ def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callabl
     )
     add(b, model_args)
     b.add_argument(
-        "--kv", default="f32", metavar="FMT", help="KV cache format (default: %(default)s)"
+        "--kv",
+        default="f32",
+        choices=sorted(KV_FORMATS),
+        metavar="FMT",
+        help="KV cache format (default: %(default)s)",
     )
     b.add_argument(
         "-p",

@@ -114,7 +114,9 @@ def _float(d: dict[str, Any], key: str, default: Any = ...) -> float:
 
 def _ids(value: Any, key: str) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    if not values or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
         raise LlamaNpError(f"config: field '{key}' must be a token id or a list of them")
     return tuple(values)
 

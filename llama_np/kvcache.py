@@ -8,6 +8,7 @@ step attends to the ring's slots as they lie, without reordering them.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -16,6 +17,13 @@ from quant.kv import kv_store_class
 
 from .config import Config
 from .errors import UsageError
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
 
 
 class ContextFull(UsageError):
@@ -41,6 +49,12 @@ class KVCache:
         slots = window if window is not None else capacity
         store = kv_store_class(fmt)
         shape = (config.n_kv_heads, slots, config.head_dim)
+        need = 2 * config.n_layers * slots * store.slot_nbytes(config.n_kv_heads, config.head_dim)
+        if need > physical_memory():
+            raise UsageError(
+                f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
+                "machine's memory; lower -c/--ctx-size or set --window"
+            )
         self.k = [store(*shape) for _ in range(config.n_layers)]
         self.v = [store(*shape) for _ in range(config.n_layers)]
         self.fmt = fmt

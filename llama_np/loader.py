@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from quant import Weight, convert, weight_class
+from quant import Weight, convert, stack_rows, weight_class
 
 from .checkpoint import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
 from .config import Config
-from .errors import LlamaNpError
+from .errors import LlamaNpError, UsageError
 from .model import Layer, Weights
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -62,7 +62,7 @@ def open_source(path: str | Path) -> Source:
     """A checkpoint directory, a .safetensors file inside one, or a .gguf file."""
     path = Path(path)
     if not path.exists():
-        raise LlamaNpError(f"{path}: no such file or directory")
+        raise UsageError(f"{path}: no such file or directory")
     if path.suffix in PICKLE_SUFFIXES:
         refuse_pickle(path)
     if path.suffix == ".gguf":
@@ -145,9 +145,19 @@ def build_weights(
 
     head_fmt = head_fmt or fmt
     embed_w = to(embed, head_fmt if tied else fmt)
-    layers = [
-        Layer(**{k: to(v, fmt) if isinstance(v, Weight) else v for k, v in r.items()}) for r in raw
-    ]
+    layers = []
+    for r in raw:
+        m = {k: to(v, fmt) if isinstance(v, Weight) else v for k, v in r.items()}
+        layers.append(
+            Layer(
+                attn_norm=m["attn_norm"],
+                wqkv=stack_rows([m["wq"], m["wk"], m["wv"]]),
+                wo=m["wo"],
+                mlp_norm=m["mlp_norm"],
+                w_gate_up=stack_rows([m["w_gate"], m["w_up"]]),
+                w_down=m["w_down"],
+            )
+        )
     lm_head = embed_w if tied else to(head, head_fmt)
     bar.close()
     return Weights(embed=embed_w, layers=layers, norm=norm, lm_head=lm_head)

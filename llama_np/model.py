@@ -22,14 +22,14 @@ from .ops import Rotary, attention, causal_mask, rmsnorm, rope_inv_freq, swiglu
 
 @dataclass
 class Layer:
+    """One decoder block. Matrices that read the same input are stacked by rows, so each
+    is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up."""
+
     attn_norm: np.ndarray  # (dim,)
-    wq: Weight  # (n_heads * head_dim, dim)
-    wk: Weight  # (n_kv_heads * head_dim, dim)
-    wv: Weight  # (n_kv_heads * head_dim, dim)
+    wqkv: Weight  # (n_heads * head_dim + 2 * n_kv_heads * head_dim, dim)
     wo: Weight  # (dim, n_heads * head_dim)
     mlp_norm: np.ndarray  # (dim,)
-    w_gate: Weight  # (hidden_dim, dim)
-    w_up: Weight  # (hidden_dim, dim)
+    w_gate_up: Weight  # (2 * hidden_dim, dim)
     w_down: Weight  # (dim, hidden_dim)
 
 
@@ -44,7 +44,7 @@ class Weights:
         """Every distinct matrix once (a tied embedding is one matrix)."""
         seen: dict[int, Weight] = {}
         for w in [self.embed, self.lm_head] + [
-            m for l in self.layers for m in (l.wq, l.wk, l.wv, l.wo, l.w_gate, l.w_up, l.w_down)
+            m for l in self.layers for m in (l.wqkv, l.wo, l.w_gate_up, l.w_down)
         ]:
             seen.setdefault(id(w), w)
         return list(seen.values())
@@ -102,9 +102,10 @@ class Transformer:
     ) -> np.ndarray:
         c, t = self.config, x.shape[0]
         h = self._norm(x, layer.attn_norm)
-        q, k, v = self._linears([layer.wq, layer.wk, layer.wv], h, "attn_weights")
-        q = q.reshape(t, c.n_heads, c.head_dim)
-        k, v = k.reshape(t, c.n_kv_heads, c.head_dim), v.reshape(t, c.n_kv_heads, c.head_dim)
+        qkv = self._linear(layer.wqkv, h, "attn_weights")  # (T, q_dim + 2 kv_dim)
+        q = qkv[:, : c.q_dim].reshape(t, c.n_heads, c.head_dim)
+        k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(t, c.n_kv_heads, c.head_dim)
+        v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
         meter = self.meter
         t0 = perf_counter() if meter.profile else 0.0
         q, k = rot(q), rot(k)
@@ -124,7 +125,8 @@ class Transformer:
 
     def _mlp(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         h = self._norm(x, layer.mlp_norm)
-        gate, up = self._linears([layer.w_gate, layer.w_up], h, "mlp_weights")  # (T, hidden)
+        gate_up = self._linear(layer.w_gate_up, h, "mlp_weights")  # (T, 2 * hidden_dim)
+        gate, up = gate_up[:, : self.config.hidden_dim], gate_up[:, self.config.hidden_dim :]
         t0 = perf_counter() if self.meter.profile else 0.0
         act = swiglu(gate, up)
         if t0:  # timed with the MLP matrices
@@ -141,19 +143,11 @@ class Transformer:
         return y
 
     def _linear(self, w: Weight, x: np.ndarray, category: str) -> np.ndarray:
-        return self._linears([w], x, category)[0]
-
-    def _linears(self, ws: list[Weight], x: np.ndarray, category: str) -> list[np.ndarray]:
-        """x @ W.T for matrices sharing the input (q, k, v): matvecs for one token, matmuls
-        for a batch, handed to the kernel processes at once. (T, cols) -> (T, rows) each"""
+        """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
         meter = self.meter
-        for w in ws:
-            meter.read(category, w.nbytes)
+        meter.read(category, w.nbytes)
         t0 = perf_counter() if meter.profile else 0.0
-        if x.shape[0] == 1:
-            ys = [y[None, :] for y in matvecs(ws, x[0])]
-        else:
-            ys = matmuls(ws, x)
+        y = matvecs([w], x[0])[0][None, :] if x.shape[0] == 1 else matmuls([w], x)[0]
         if t0:
             meter.lap(category, t0)
-        return ys
+        return y

@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 from quant import Weight
 from quant.floats import F16Weight, F32Weight
 
-from .config import config_to_hf
+from .config import Config, config_to_hf
 from .errors import UsageError
 from .loader import FORMATS_KEY, Source, build_weights, layer_tensor_names, open_source
 from .model import Weights
@@ -34,24 +34,37 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 
 
-def named_tensors(w: Weights) -> dict[str, Weight | np.ndarray]:
-    """The model's tensors under their Hugging Face names (a tied head is not repeated)."""
+def named_tensors(w: Weights, c: Config) -> dict[str, Weight | np.ndarray]:
+    """The model's tensors under their Hugging Face names (a tied head is not repeated;
+    stacked matrices are cut back into q, k, v and gate, up)."""
     out: dict[str, Weight | np.ndarray] = {
         "model.embed_tokens.weight": w.embed,
         "model.norm.weight": w.norm,
     }
     if w.lm_head is not w.embed:
         out["lm_head.weight"] = w.lm_head
+    q, kv, h = c.q_dim, c.kv_dim, c.hidden_dim
     for i, layer in enumerate(w.layers):
-        out |= {name: getattr(layer, attr) for attr, name in layer_tensor_names(i).items()}
+        parts = {
+            "attn_norm": layer.attn_norm,
+            "wq": layer.wqkv.slice_rows(0, q),
+            "wk": layer.wqkv.slice_rows(q, q + kv),
+            "wv": layer.wqkv.slice_rows(q + kv, q + 2 * kv),
+            "wo": layer.wo,
+            "mlp_norm": layer.mlp_norm,
+            "w_gate": layer.w_gate_up.slice_rows(0, h),
+            "w_up": layer.w_gate_up.slice_rows(h, 2 * h),
+            "w_down": layer.w_down,
+        }
+        out |= {name: parts[attr] for attr, name in layer_tensor_names(i).items()}
     return out
 
 
-def tensors_at_rest(w: Weights) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+def tensors_at_rest(w: Weights, c: Config) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Arrays to save and the format record of every tensor that is not plain f32/f16."""
     arrays: dict[str, np.ndarray] = {}
     formats: dict[str, dict] = {}
-    for name, t in named_tensors(w).items():
+    for name, t in named_tensors(w, c).items():
         if isinstance(t, np.ndarray):
             arrays[name] = np.ascontiguousarray(t, dtype=np.float32)
         elif isinstance(t, F32Weight):
@@ -89,7 +102,7 @@ def quantize_checkpoint(
         raise UsageError(f"{out} exists; pass --force to replace it")
     src = open_source(model)
     weights = build_weights(src.config, src.tensors, fmt, head, progress=True)
-    arrays, formats = tensors_at_rest(weights)
+    arrays, formats = tensors_at_rest(weights, src.config)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -53,8 +53,8 @@ class SentencePieceTokenizer(Tokenizer):
 
         try:
             self.sp = spm.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as e:
-            raise LlamaNpError(f"{path}: not a sentencepiece model ({e})") from None
+        except Exception as e:  # a corrupt file surfaces as RuntimeError, UnicodeDecodeError...
+            raise LlamaNpError(f"{path}: not a sentencepiece model ({type(e).__name__})") from None
         bos, eos = self.sp.bos_id(), self.sp.eos_id()
         self.bos_id = bos if bos >= 0 else None
         self.eos_ids = (eos,) if eos >= 0 else ()
@@ -139,7 +139,8 @@ def _token_text(value: Any) -> str | None:
 def _template(cfg: dict[str, Any]) -> str | None:
     t = cfg.get("chat_template")
     if isinstance(t, list):  # a list of named templates: take the default one
-        t = next((x.get("template") for x in t if x.get("name") == "default"), None)
+        named = [x for x in t if isinstance(x, dict)]
+        t = next((x.get("template") for x in named if x.get("name") == "default"), None)
     return t if isinstance(t, str) else None
 
 

@@ -11,6 +11,7 @@ from .blocks import BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from .errors import QuantError
 from .floats import BF16Weight, F16Weight, F32Weight
 from .parallel import matmuls, matvecs
+from .stack import StackedWeight, stack_rows
 
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls for cls in (F32Weight, F16Weight, BF16Weight, Q8_0Weight, Q4_0Weight, Q4_1Weight)
@@ -37,9 +38,11 @@ __all__ = [
     "FORMATS",
     "BlockWeight",
     "QuantError",
+    "StackedWeight",
     "Weight",
     "convert",
     "matmuls",
     "matvecs",
+    "stack_rows",
     "weight_class",
 ]

@@ -31,6 +31,16 @@ class Weight(ABC):
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays that hold the matrix: what `nbytes` counts and what a checkpoint saves."""
 
+    def leaves(self) -> list[Weight]:
+        """The matrices in their own formats that make up this one: itself, or the parts
+        of a stack."""
+        return [self]
+
+    @abstractmethod
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        """Use these arrays (same keys, shapes, dtypes and values as some of `arrays()`)
+        instead of the current ones: how the arena moves a matrix in memory."""
+
     @property
     def nbytes(self) -> int:
         """Bytes the matrix really occupies in memory; a decode step reads all of them."""
@@ -56,6 +66,20 @@ class Weight(ABC):
     @abstractmethod
     def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
         """Rebuild from `arrays()` (as saved by `llama-np quantize`), without copying."""
+
+    @classmethod
+    def concat_rows(cls, weights: list[Weight]) -> Self:
+        """One matrix of these matrices' rows, in order (all of this format, same cols).
+        Works on the canonical arrays, which every format stores row by row."""
+        parts = [w.export() for w in weights]
+        rows = sum(w.shape[0] for w in weights)
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return cls.from_arrays((rows, weights[0].shape[1]), merged)
+
+    def slice_rows(self, r0: int, r1: int) -> Weight:
+        """Rows r0:r1 as a matrix of their own (a copy)."""
+        parts = {k: np.array(v[r0:r1]) for k, v in self.export().items()}
+        return type(self).from_arrays((r1 - r0, self.shape[1]), parts)
 
     @classmethod
     @abstractmethod

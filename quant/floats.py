@@ -55,6 +55,9 @@ class F32Weight(Weight):
     def arrays(self) -> dict[str, np.ndarray]:
         return {"weight": self.w}
 
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        self.w = arrays.get("weight", self.w)
+
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         return shape[0] * shape[1] * 4
@@ -96,6 +99,9 @@ class _Float16Bits(Weight):
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"bits": self.bits}
+
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        self.bits = arrays.get("bits", self.bits)
 
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:

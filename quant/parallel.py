@@ -20,6 +20,7 @@ import atexit
 import mmap
 import os
 import platform
+import select
 import signal
 import time
 from itertools import pairwise
@@ -33,14 +34,16 @@ from .errors import QuantError
 if TYPE_CHECKING:
     from .base import Weight
 
-# control words: [seq, kind, n_weights, T, cols, error, done of rank 1..15], then ids
+# control words: [seq, kind, n_weights, T, cols, error, done of rank 1..15,
+# napping of rank 1..15], then ids
 SEQ, KIND, NW, T, COLS, ERROR, DONE = 0, 1, 2, 3, 4, 5, 6
-IDS = 24  # up to 8 weights per job
+NAP = DONE + 16
+IDS = NAP + 16  # up to 8 weights per job
 MAX_RANKS = 16
 MATVEC, MATMUL, STOP = 1, 2, 3
 X_CAP = 1 << 22  # float32 input elements (16 MiB)
 Y_CAP = 1 << 24  # float32 output elements (64 MiB), untouched pages cost nothing
-IDLE_SPIN = 0.05  # seconds a worker spins after its last job before it starts to nap
+IDLE_SPIN = 0.05  # seconds a worker spins after its last job before it sleeps
 
 
 def supported() -> bool:
@@ -68,6 +71,7 @@ class Team:
         self.parts = [balanced_cuts(w.splits(), ranks) for w in self.weights]
         self.shm = mmap.mmap(-1, 8 * 64 + 4 * (X_CAP + Y_CAP), flags=mmap.MAP_SHARED)
         self.ctl = np.frombuffer(self.shm, np.int64, 64)
+        self.wake = [os.pipe() for _ in range(ranks - 1)]  # (read, write) per worker
         self.x = np.frombuffer(self.shm, np.float32, X_CAP, offset=8 * 64)
         self.y = np.frombuffer(self.shm, np.float32, Y_CAP, offset=8 * 64 + 4 * X_CAP)
         self._plans: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
@@ -119,7 +123,11 @@ class Team:
     def _wait(self, seq: int) -> None:
         c, spins = self.ctl, 0
         for rank in range(1, self.ranks):
+            woken = False
             while c[DONE + rank - 1] < seq:
+                if c[NAP + rank - 1] and not woken:  # asleep since its last job: wake it
+                    os.write(self.wake[rank - 1][1], b"x")
+                    woken = True
                 spins += 1
                 if spins % 1_000_000 == 0:
                     self._check_alive()
@@ -162,13 +170,14 @@ class Team:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent
         threadpool_limits(1)
         last, idle_since = seen, time.perf_counter()
-        c = self.ctl
+        c, wake = self.ctl, self.wake[rank - 1][0]
         try:
             while True:
                 seq = int(c[SEQ])
                 if seq == last:
                     if time.perf_counter() - idle_since > IDLE_SPIN:
-                        time.sleep(0.0005)  # idle: nap instead of burning the core
+                        self._sleep(rank, wake)
+                        idle_since = time.perf_counter()
                         if os.getppid() != self.parent:
                             break
                     continue
@@ -184,11 +193,25 @@ class Team:
         finally:
             os._exit(0)
 
+    def _sleep(self, rank: int, wake: int) -> None:
+        """Block until the caller, waiting on this worker, writes to its pipe: an idle
+        worker must not take cycles from other programs (a spinning neighbour stalls
+        llama.cpp's or BLAS's own threads). The caller looks at the flag only while it
+        waits for this worker's result, so a job posted just before the flag is set is
+        noticed then: no wake-up is lost."""
+        self.ctl[NAP + rank - 1] = 1
+        select.select([wake], [], [], 1.0)  # wakes at least every second to check the parent
+        self.ctl[NAP + rank - 1] = 0
+        if select.select([wake], [], [], 0)[0]:
+            os.read(wake, 4096)
+
     def close(self) -> None:
         if os.getpid() != self.parent:
             return
         self.ctl[KIND] = STOP
         self.ctl[SEQ] += 1
+        for _, w in self.wake:
+            os.write(w, b"x")
         for pid in self.pids:
             try:
                 os.waitpid(pid, 0)

@@ -159,6 +159,29 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+GGUF_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+GGUF_LAYER = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+
+
+def gguf_names(n_layers: int) -> dict[str, str]:
+    """HF tensor name -> GGUF tensor name, as llama.cpp's converter writes them."""
+    names = dict(GGUF_GLOBAL)
+    for i in range(n_layers):
+        names |= {
+            f"model.layers.{i}.{k}.weight": f"blk.{i}.{v}.weight" for k, v in GGUF_LAYER.items()
+        }
+    return names
+
+
 def write_gguf(path: Path, model: Any, sp_model: Path, types: dict[str, str]) -> None:
     """Write a transformers Llama model and a sentencepiece vocabulary as a GGUF file with
     the gguf package's writer, as llama.cpp's converter lays it out. `types` maps a GGUF
@@ -189,19 +212,7 @@ def write_gguf(path: Path, model: Any, sp_model: Path, types: dict[str, str]) ->
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    layer = {
-        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-        "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    }  # fmt: skip
-    for i in range(c.num_hidden_layers):
-        names |= {f"model.layers.{i}.{k}.weight": f"blk.{i}.{v}.weight" for k, v in layer.items()}
+    names = gguf_names(c.num_hidden_layers)
     for hf_name, gguf_name in names.items():
         if hf_name not in sd:
             continue

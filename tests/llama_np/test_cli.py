@@ -46,7 +46,7 @@ def test_help_documents_every_flag_with_its_default():
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["generate", "-m", "/nonexistent", "-p", "hi"], 1, "no such file"),
+        (["generate", "-m", "/nonexistent", "-p", "hi"], 2, "no such file"),
         (
             ["generate", "-m", "{model}", "-p", "hi", "--top-p", "1.5"],
             2,
@@ -55,11 +55,11 @@ def test_help_documents_every_flag_with_its_default():
         (["generate", "-m", "{model}", "-p", "hi", "-n", "-3"], 2, "must be at least 1"),
         (["generate", "-m", "{model}", "-p", "hi", "--temp", "-1"], 2, "--temp must be >= 0"),
         (["generate", "-m", "{model}"], 2, "give a prompt"),
-        (
-            ["generate", "-m", "{model}", "-p", "hi", "--weights", "q9"],
-            1,
-            "unknown weight format 'q9'",
-        ),
+        (["generate", "-m", "{model}", "-p", "hi", "--weights", "q9"], 2, "invalid choice: 'q9'"),
+        (["generate", "-m", "{model}", "-p", "hi", "--kv", "q4_0"], 2, "invalid choice: 'q4_0'"),
+        (["generate", "-m", "{model}", "-p", "hi", "-n", "99999999999"], 2, "at most 10,000,000"),
+        (["generate", "-m", "{model}", "-p", "hi", "--device", "gpu9"], 2, "unknown device 'gpu9'"),
+        (["generate", "-m", "{model}", "-f", "/nonexistent.txt"], 2, "cannot read the prompt file"),
         (["generate", "-m", "{model}", "-p", ""], 2, "empty"),
         (["generate", "-m", "{model}", "-p", "hello world", "-c", "3"], 2, "context size 3"),
     ],

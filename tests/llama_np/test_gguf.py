@@ -35,11 +35,15 @@ def test_every_tensor_type_loads_in_its_format(gguf_pair):
     w = llm.model.weights
     l0 = w.layers[0]
     got = {
-        "token_embd": w.embed.fmt, "output": w.lm_head.fmt, "attn_q": l0.wq.fmt,
-        "attn_k": l0.wk.fmt, "attn_v": l0.wv.fmt, "attn_output": l0.wo.fmt,
-        "ffn_gate": l0.w_gate.fmt, "ffn_up": l0.w_up.fmt, "ffn_down": l0.w_down.fmt,
+        "token_embd": w.embed.fmt, "output": w.lm_head.fmt, "attn_output": l0.wo.fmt,
+        "ffn_down": l0.w_down.fmt,
+        # q, k, v (and gate, up) of different formats stay as they are, stacked
+        "attn_q+attn_k+attn_v": l0.wqkv.fmt, "ffn_gate+ffn_up": l0.w_gate_up.fmt,
     }  # fmt: skip
-    assert got == {k: v.lower() for k, v in TYPES.items()}
+    t = {k: v.lower() for k, v in TYPES.items()}
+    t["attn_q+attn_k+attn_v"] = "+".join(t.pop(k) for k in ("attn_q", "attn_k", "attn_v"))
+    t["ffn_gate+ffn_up"] = "+".join(t.pop(k) for k in ("ffn_gate", "ffn_up"))
+    assert got == t
 
 
 def test_logits_match_transformers_reading_the_same_gguf(gguf_pair):

@@ -42,7 +42,7 @@ def test_config_and_formats_from_gguf(native):
     )
     w = native.model.weights
     assert w.embed.fmt == "q8_0" and w.lm_head is w.embed  # tied, kept as stored
-    assert {l.wq.fmt for l in w.layers} == {"q4_1"}
+    assert {l.wqkv.fmt for l in w.layers} == {l.w_gate_up.fmt for l in w.layers} == {"q4_1"}
 
 
 def test_real_tensors_bit_exact_with_gguf(smollm2_path):

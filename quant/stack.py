@@ -1,0 +1,95 @@
+"""Matrices used on the same input, stacked by rows into one: the model multiplies q, k and
+v (and gate and up) in a single kernel call, over one contiguous stream of memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Self
+
+import numpy as np
+
+from .base import Weight
+
+
+def stack_rows(weights: list[Weight]) -> Weight:
+    """One matrix holding `weights`' rows in order: a new matrix of their common format;
+    or a StackedWeight that leaves each part where it is, when the formats differ (a GGUF
+    may keep v in higher precision: a stored tensor is never quantized again) or when the
+    parts are memory-mapped from a checkpoint (copying them would hold them twice)."""
+    first = type(weights[0])
+    mapped = any(not a.flags.writeable for w in weights for a in w.arrays().values())
+    if all(type(w) is first for w in weights) and not mapped:
+        return first.concat_rows(weights)
+    return StackedWeight(weights)
+
+
+class StackedWeight(Weight):
+    """Parts of different formats behind one matrix interface; rows are cut where the
+    parts allow."""
+
+    bits_per_weight = float("nan")  # per part
+
+    def __init__(self, parts: list[Weight]) -> None:
+        super().__init__((sum(p.shape[0] for p in parts), parts[0].shape[1]))
+        self.parts = parts
+        self.starts = [0]
+        for p in parts:
+            self.starts.append(self.starts[-1] + p.shape[0])
+        self.fmt = "+".join(p.fmt for p in parts)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f"{i}.{k}": a for i, p in enumerate(self.parts) for k, a in p.arrays().items()}
+
+    def leaves(self) -> list[Weight]:
+        return list(self.parts)
+
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        for i, p in enumerate(self.parts):
+            mine = {
+                k.split(".", 1)[1]: a for k, a in arrays.items() if k.split(".", 1)[0] == str(i)
+            }
+            if mine:
+                p.rebind(mine)
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        raise NotImplementedError("a stacked matrix has no single format")
+
+    @classmethod
+    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
+        raise NotImplementedError("a stacked matrix is saved part by part")
+
+    @classmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        raise NotImplementedError("a stacked matrix has no single format")
+
+    def slice_rows(self, r0: int, r1: int) -> Weight:
+        for p, a, b in zip(self.parts, self.starts, self.starts[1:], strict=True):
+            if a <= r0 and r1 <= b:
+                return p.slice_rows(r0 - a, r1 - a)
+        raise ValueError(f"rows {r0}:{r1} cross the parts of a stacked matrix")
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        full = np.concatenate([p.dequantize() for p in self.parts])
+        return full[r0:r1]
+
+    def splits(self) -> list[int]:
+        return sorted(
+            {a + s for p, a in zip(self.parts, self.starts, strict=False) for s in p.splits()}
+        )
+
+    def _each(self, r0: int, r1: int) -> Iterator[tuple[Weight, int, int, int]]:
+        """(part, its first row, its end row, offset in the output) for rows r0:r1."""
+        for p, (a, b) in zip(self.parts, pairwise(self.starts), strict=True):
+            lo, hi = max(r0, a), min(r1, b)
+            if lo < hi:
+                yield p, lo - a, hi - a, lo - r0
+
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        for p, a, b, o in self._each(r0, r1):
+            p.matvec_rows(x, a, b, out[o : o + b - a])
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        for p, a, b, o in self._each(r0, r1):
+            p.matmul_rows(x, a, b, out[:, o : o + b - a])

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""llama-np against its peers, side by side, in one run, on the same model and prompt.
+
+Engines: llama-np in each weight format; transformers on torch (f32, eager) when
+installed; llama.cpp through llama-cpp-python when installed, on GGUF files written with
+the gguf package from the same weights. Each engine lives in its own process, loaded
+once and kept for the whole run, so no engine's thread pool can disturb another's (an
+idle OpenMP or ggml pool that spins steals a core). They run in interleaved rounds
+(every engine once per round, the others blocked on a pipe), and each ratio to llama-np
+f32 is the median of per-round ratios, because absolute times drift by tens of percent
+on a shared machine.
+
+Per engine and round: prefill of a 128-token prompt (tok/s), then 64 greedy decode steps
+(ms/token; the first, warm-up step is not counted). bytes/token: llama-np's meter; for
+the peers, the speed-of-light model's count of their format at rest.
+
+    .venv/bin/python scripts/compare_peers.py                  # SmolLM2-135M, 2 threads
+    .venv/bin/python scripts/compare_peers.py --rounds 5 --md out.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+
+import llama_np
+from bench.sol import Shape, estimate
+from llama_np.benchmark import formats, shape_of
+from llama_np.hub import resolve_model
+from quant import parallel
+
+PROMPT_TOKENS, DECODE_STEPS = 128, 64
+
+
+class Engine:
+    """prefill(ids) -> last logits; step(token) -> logits. Timed by the caller."""
+
+    name: str
+    bytes_per_token: float
+
+    def prefill(self, ids: list[int]) -> np.ndarray: ...
+
+    def step(self, token: int) -> np.ndarray: ...
+
+
+class LlamaNp(Engine):
+    def __init__(self, path: Path, weights: str | None, threads: int) -> None:
+        self.llm = llama_np.load(path, weights=weights, threads=threads)  # starts its kernel team
+        w, h, _ = formats(self.llm.model.weights)
+        self.name = f"llama-np {w if w == h else w + '/' + h}"
+        self.shape = shape_of(self.llm.config, path.name)
+        self.bytes_per_token = 0.0
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.cache = self.llm.new_cache(ctx=PROMPT_TOKENS + DECODE_STEPS + 8)
+        return self.llm.model.forward(np.asarray(ids), self.cache)
+
+    def step(self, token: int) -> np.ndarray:
+        out = self.llm.step(token, self.cache)
+        self.bytes_per_token = self.llm.model.meter.last.bytes_read
+        return out
+
+
+class Transformers(Engine):
+    def __init__(self, gguf: Path, threads: int, shape: Shape) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        self.name = "transformers (torch eager) f32"
+        self.bytes_per_token = estimate(
+            shape, "f32", pos=PROMPT_TOKENS + DECODE_STEPS // 2
+        ).bytes_per_token
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        with self.torch.no_grad():
+            out = self.model(self.torch.tensor([ids]), use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[0, -1].numpy()
+
+    def step(self, token: int) -> np.ndarray:
+        with self.torch.no_grad():
+            out = self.model(
+                self.torch.tensor([[token]]), past_key_values=self.past, use_cache=True
+            )
+        self.past = out.past_key_values
+        return out.logits[0, -1].numpy()
+
+
+class LlamaCpp(Engine):
+    def __init__(self, gguf: Path, label: str, threads: int, shape: Shape, fmt: str) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                         logits_all=False, verbose=False)  # fmt: skip
+        self.name = f"llama.cpp {label}"
+        pos = PROMPT_TOKENS + DECODE_STEPS // 2
+        head = "q8_0" if fmt == "q4_1" else None  # the native file keeps its Q8_0 embedding
+        self.bytes_per_token = estimate(
+            shape, fmt, pos=pos, head=head, engine=False
+        ).bytes_per_token
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+
+    def step(self, token: int) -> np.ndarray:
+        self.llm.eval([token])
+        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+
+
+def write_gguf(src: Path, dst: Path, qtype: str) -> Path:
+    """The same weights as `src` in another GGML type (via float32), metadata copied."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    if dst.exists():
+        return dst
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    target = gguf.GGMLQuantizationType[qtype]
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type).reshape([int(n) for n in reversed(t.shape)])
+        kind = target if values.ndim == 2 else gguf.GGMLQuantizationType.F32
+        w.add_tensor(t.name, quantize(values.astype(np.float32), kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def run_round(engine: Engine, ids: list[int]) -> tuple[float, float]:
+    """(prefill tok/s, decode ms/token) of one turn."""
+    t0 = time.perf_counter()
+    logits = engine.prefill(ids)
+    prefill = len(ids) / (time.perf_counter() - t0)
+    token = int(np.argmax(logits))
+    engine.step(token)  # warm-up step, not counted
+    t0 = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        token = int(np.argmax(engine.step(token)))
+    return prefill, 1e3 * (time.perf_counter() - t0) / DECODE_STEPS
+
+
+def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
+    """Build one engine (in its own process)."""
+    kind, arg = spec
+    if kind == "llama-np":
+        return LlamaNp(path, arg, threads)
+    shape = shape_of(llama_np.load(path, threads=1).config, path.name)
+    parallel.stop()
+    if kind == "transformers":
+        return Transformers(path, threads, shape)
+    gguf = path if arg == "Q4_1" else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
+    return LlamaCpp(gguf, arg, threads, shape, arg.lower())
+
+
+def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int]) -> None:
+    """An engine's process: build it, report its name, then run a turn per request."""
+    engine = make_engine(spec, path, work, threads)
+    conn.send((engine.name, engine.bytes_per_token))
+    while conn.recv() == "round":
+        result = run_round(engine, ids)
+        conn.send((*result, engine.bytes_per_token))
+
+
+def specs() -> list[tuple]:
+    out: list[tuple] = [("llama-np", w) for w in ("f32", "q8_0", "q4_0", None)]  # None: as stored
+    for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
+                         ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", "Q4_1"))]:  # fmt: skip
+        try:
+            __import__(module)
+        except ImportError:
+            print(f"compare_peers: {module} is not installed, skipping it", file=sys.stderr)
+            continue
+        out.append(spec)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("-m", "--model", default="smollm2-135m", help="a .gguf file or alias")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
+    ap.add_argument("--md", help="also write the table to this file")
+    args = ap.parse_args()
+    path = resolve_model(args.model)
+    work = Path(args.work or path.parent / "compare")
+    work.mkdir(parents=True, exist_ok=True)
+    text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
+    ids = llama_np.load(path, threads=1).tokenize(text, bos=False)[:PROMPT_TOKENS]
+    parallel.stop()
+    ctx = mp.get_context("spawn")  # a clean interpreter per engine
+    engines, names, sizes = [], [], {}
+    for spec in specs():
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(
+            target=serve, args=(theirs, spec, path, work, args.threads, ids), daemon=True
+        )
+        proc.start()
+        name, size = ours.recv()  # built and loaded: it stays so until the end
+        engines.append((name, ours, proc))
+        names.append(name)
+        sizes[name] = size
+        print(f"compare_peers: loaded {name}", file=sys.stderr)
+    results: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name, conn, _ in engines:
+            time.sleep(0.3)  # let the previous engine's threads go idle
+            conn.send("round")
+            prefill, decode, size = conn.recv()
+            results[name].append((prefill, decode))
+            sizes[name] = size or sizes[name]
+        print(f"compare_peers: round {r + 1}/{args.rounds} done", file=sys.stderr)
+    for _, conn, proc in engines:
+        conn.send("stop")
+        proc.join(timeout=30)
+    base = results[names[0]]
+    lines = [
+        f"| engine | decode ms/token (median, min-max) | ratio to llama-np f32 | prefill tok/s "
+        f"({PROMPT_TOKENS} tokens) | MB/token | GB/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        ms = [d for _, d in results[name]]
+        ratio = statistics.median(d / b for (_, d), (_, b) in zip(results[name], base, strict=True))
+        med = statistics.median(ms)
+        prefill = statistics.median(p for p, _ in results[name])
+        lines.append(
+            f"| {name} | {med:.1f} ({min(ms):.1f}-{max(ms):.1f}) | {ratio:.2f} | {prefill:.0f} | "
+            f"{sizes[name] / 1e6:.1f} | {sizes[name] / med / 1e6:.1f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.md:
+        Path(args.md).write_text(table + "\n")
+        raw = {"threads": args.threads, "rounds": results, "bytes_per_token": sizes}
+        Path(args.md).with_suffix(".json").write_text(json.dumps(raw, indent=1))
+
+
+if __name__ == "__main__":
+    main()
