@@ -100,6 +100,9 @@ def attention(
     n_rep = n_heads // n_kv
     scale = np.float32(1.0 / math.sqrt(hd))
     if t == 1 and mask is None:  # decode: the fewest NumPy calls
+        # Q @ K^T per KV head. Measured at 4096 keys against K @ Q^T, an all-heads GEMM
+        # with a block-diagonal Q, and per-query gemv: this stays the fastest (~0.9 ms a
+        # layer for SmolLM2); OpenBLAS is slow on products this skinny (n_rep = 3 rows).
         s = np.matmul(q.reshape(n_kv, n_rep, hd), k.transpose(0, 2, 1))  # (n_kv, n_rep, L)
         s *= scale
         s -= s.max(axis=-1, keepdims=True)

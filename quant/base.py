@@ -7,6 +7,7 @@ PyTorch's `nn.Linear`, stored in some format. The model only ever calls `matvec`
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import ClassVar, Self
 
@@ -41,9 +42,11 @@ class Weight(ABC):
         """Use these arrays (same keys, shapes, dtypes and values as some of `arrays()`)
         instead of the current ones: how the arena moves a matrix in memory."""
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
-        """Bytes the matrix really occupies in memory; a decode step reads all of them."""
+        """Bytes the matrix really occupies in memory; a decode step reads all of them.
+        Summed once from the arrays (the meter asks on every kernel call; a matrix's
+        arrays may move, never change size)."""
         return sum(a.nbytes for a in self.arrays().values())
 
     @classmethod

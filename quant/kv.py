@@ -8,6 +8,7 @@ takes as they are.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -47,7 +48,12 @@ class KVStore:
 
     def stored_nbytes(self, s0: int, s1: int) -> int:
         """Bytes the stored arrays hold for slots s0:s1: what a read of them touches."""
-        return sum(a[s0:s1].nbytes for a in self.arrays())
+        return (s1 - s0) * self._slot_bytes
+
+    @functools.cached_property
+    def _slot_bytes(self) -> int:
+        """Bytes one slot occupies, from the arrays themselves (all slots are alike)."""
+        return sum(a[0:1].nbytes for a in self.arrays())
 
 
 class F16KVStore(KVStore):
