@@ -19,7 +19,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.probe import Caches
+from bench.probe import Caches, machine_id
 from llama_np.benchmark import random_weight
 from quant import matmuls, matvecs, parallel
 
@@ -63,31 +63,36 @@ def main() -> None:
     rounds = 3 if args.quick else args.rounds
     llc = Caches.read().llc
     threadpool_limits(1)
+    modes = ["1 process", "2 processes", "2 BLAS threads"]
+    flags = " --quick" if args.quick else ""
+    print("# Kernels in isolation\n")
+    print(f"Machine: {machine_id(2)}. Command: `scripts/bench_kernels.py{flags}`.\n")
     print(
-        "| shape | format | kernel | 1 process ns/weight | 2 processes ns/weight | 2 processes GB/s of format bytes |"
+        "| shape | format | kernel | "
+        + " | ".join(f"ns/weight, {m}" for m in modes)
+        + " | best GB/s of format bytes |"
     )
-    print("|---|---|---|---:|---:|---:|")
+    print("|---|---|---|" + "---:|" * (len(modes) + 1))
     for label, shape in shapes.items():
         sets = {fmt: copies_for(shape, fmt, llc) for fmt in FORMATS}
         x = np.random.default_rng(1).standard_normal((args.prefill, shape[1])).astype(np.float32)
         for kernel in ("matvec", "matmul"):
-            times: dict[tuple[str, int], list[float]] = {}
-            for ranks in (1, 2):
+            times: dict[tuple[str, str], list[float]] = {}
+            for mode in modes:
                 parallel.stop()
-                if ranks == 2:
+                threadpool_limits(2 if mode == "2 BLAS threads" else 1)
+                if mode == "2 processes":
                     parallel.start([w for ws in sets.values() for w in ws], 2)
                 for _ in range(rounds):  # interleaved: every format once per round
                     for fmt, ws in sets.items():
-                        times.setdefault((fmt, ranks), []).append(time_round(ws, kernel, x))
+                        times.setdefault((fmt, mode), []).append(time_round(ws, kernel, x))
             parallel.stop()
             n = shape[0] * shape[1] * (1 if kernel == "matvec" else args.prefill)
             for fmt, ws in sets.items():
-                one = statistics.median(times[(fmt, 1)])
-                two = statistics.median(times[(fmt, 2)])
-                gbs = ws[0].nbytes / two / 1e9
-                print(
-                    f"| {label} | {fmt} | {kernel} | {one / n * 1e9:.3f} | {two / n * 1e9:.3f} | {gbs:.1f} |"
-                )
+                med = [statistics.median(times[(fmt, m)]) for m in modes]
+                best = ws[0].nbytes / min(med) / 1e9
+                cells = [label, fmt, kernel, *(f"{t / n * 1e9:.3f}" for t in med), f"{best:.1f}"]
+                print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

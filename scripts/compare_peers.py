@@ -34,6 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 import llama_np
+from bench.probe import machine_id
 from bench.sol import Shape, estimate
 from llama_np.benchmark import formats, shape_of
 from llama_np.hub import resolve_model
@@ -257,7 +258,13 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.md:
-        Path(args.md).write_text(table + "\n")
+        head = (
+            f"# llama-np against its peers\n\nMachine: {machine_id(args.threads)}. Model: "
+            f"{path.name}. {args.rounds} interleaved rounds; ratios are medians of per-round "
+            f"ratios. Command: `scripts/compare_peers.py --rounds {args.rounds} --md {args.md}`."
+            "\n\n"
+        )
+        Path(args.md).write_text(head + table + "\n")
         raw = {"threads": args.threads, "rounds": results, "bytes_per_token": sizes}
         Path(args.md).with_suffix(".json").write_text(json.dumps(raw, indent=1))
 

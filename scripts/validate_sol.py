@@ -114,25 +114,38 @@ def plot(rows: list[Row], path: Path, machine: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = {"f32": "tab:blue", "q8_0": "tab:orange", "q4_0": "tab:green", "q4_1": "tab:red"}
+    markers = {}
     for r in rows:
-        marker = "o" if r.window is None else "s"
-        a.scatter(r.sol_ms, r.decode_ms, marker=marker, label=f"{r.model[:22]} {r.weights} d{r.depth}"
-                  + (f" w{r.window}" if r.window else ""))  # fmt: skip
+        m = markers.setdefault(r.model, "o^sDv"[len(markers) % 5])
+        color = colors.get(r.weights, "tab:gray")
+        a.scatter(r.sol_ms, r.decode_ms, marker=m, s=20 + r.depth / 80, edgecolors=color,
+                  facecolors="none" if r.window else color)  # fmt: skip
     lim = [min(r.sol_ms for r in rows) * 0.8, max(r.decode_ms for r in rows) * 1.2]
-    a.plot(lim, lim, "k--", lw=1, label="measured = predicted")
+    a.plot(lim, lim, "k--", lw=1)
+    a.text(lim[0] * 1.1, lim[0] * 1.4, "measured = predicted", fontsize=7, rotation=35)
+    handles = [
+        a.scatter([], [], color=c, label=f)
+        for f, c in colors.items()
+        if any(r.weights == f for r in rows)
+    ]
+    handles += [a.scatter([], [], marker=m, color="k", label=name) for name, m in markers.items()]
+    handles += [
+        a.scatter([], [], marker="o", facecolors="none", edgecolors="k", label="window 1024")
+    ]
+    a.legend(handles=handles, fontsize=7, title="size grows with depth", title_fontsize=7)
     a.set(xscale="log", yscale="log", xlabel="speed-of-light ms/token", ylabel="measured ms/token",
-          title="measured vs predicted")  # fmt: skip
-    a.legend(fontsize=5, ncol=2)
+          title="measured vs predicted (probe bandwidth)")  # fmt: skip
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         groups.setdefault((r.model, r.weights, r.window), []).append(r)
     for (model, weights, window), rs in groups.items():
         rs.sort(key=lambda r: r.depth)
-        line = b.plot([r.depth for r in rs], [r.decode_ms for r in rs], "o-",
-                      label=f"{model[:22]} {weights}" + (f" w{window}" if window else ""))[0]  # fmt: skip
-        b.plot(
-            [r.depth for r in rs], [r.sol_ms for r in rs], "--", color=line.get_color(), alpha=0.6
-        )
+        color, style = colors.get(weights, "tab:gray"), "-" if model == rows[0].model else ":"
+        b.plot([r.depth for r in rs], [r.decode_ms for r in rs], style, marker=markers[model],
+               mfc="none" if window else color, color=color,
+               label=f"{model[:14]} {weights}" + (" w1024" if window else ""))  # fmt: skip
+        b.plot([r.depth for r in rs], [r.sol_ms for r in rs], "--", color=color, alpha=0.35, lw=1)
     b.set(xlabel="depth (keys in the cache)", ylabel="ms/token", yscale="log",
           title="ms/token vs depth (dashed: speed of light)")  # fmt: skip
     b.legend(fontsize=5)
