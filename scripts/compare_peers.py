@@ -209,6 +209,7 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
     ap.add_argument("--md", help="also write the table to this file")
     args = ap.parse_args()
+    machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
     path = resolve_model(args.model)
     work = Path(args.work or path.parent / "compare")
     work.mkdir(parents=True, exist_ok=True)
@@ -259,7 +260,7 @@ def main() -> None:
     print(table)
     if args.md:
         head = (
-            f"# llama-np against its peers\n\nMachine: {machine_id(args.threads)}. Model: "
+            f"# llama-np against its peers\n\nMachine: {machine}. Model: "
             f"{path.name}. {args.rounds} interleaved rounds; ratios are medians of per-round "
             f"ratios. Command: `scripts/compare_peers.py --rounds {args.rounds} --md {args.md}`."
             "\n\n"
