@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .config import Config, config_from_hf
 from .errors import LlamaNpError
 from .gguf_vocab import tokenizer_from_gguf
 from .loader import Source, Tensor
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 # GGML type id -> our format name
 GGML_TYPES = {0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1"}
@@ -164,11 +167,28 @@ def gguf_tensor(t: Any, n_head: int | None) -> Tensor:
     return cls(raw.view(np.uint16).reshape(shape))
 
 
-def load_gguf(path: Path) -> Source:
-    from gguf import GGUFReader
+def _reader(path: Path) -> GGUFReader:
+    """The `gguf` package's reader, over a plain ndarray view of its memory map: each of
+    the ~250,000 small slices it takes while parsing a vocabulary costs several times
+    more as an np.memmap (Python-level __getitem__ and __array_finalize__). SmolLM2's
+    GGUF loads in 2.3-2.9 s instead of 4.8-7.3 s."""
+    from gguf import GGUFReader  # imported when needed: ~0.2 s
 
+    class Reader(GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._array
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._array = np.asarray(mapped)  # still backed by the map: nothing is read
+
+    return Reader(path, "r")
+
+
+def load_gguf(path: Path) -> Source:
     try:
-        reader = GGUFReader(path, "r")
+        reader = _reader(path)
     except Exception as e:  # the reader raises ValueError, KeyError, struct errors...
         raise LlamaNpError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
     meta = Metadata(reader, path)

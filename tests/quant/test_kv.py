@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quant import QuantError
-from quant.kv import KV_FORMATS, kv_store_class
+from quant.kv import KV_FORMATS, kv_store_class, lazy_zeros
 
 # bytes per slot per KV head, head_dim 64: f32 4 B, f16 2 B, q8_0 1 B + a 2-byte scale per 32
 SLOT_BYTES = {"f32": 256, "f16": 128, "q8_0": 64 + 4}
@@ -24,6 +24,24 @@ def test_write_read_round_trip(fmt):
     scale = np.broadcast_to(amax, (3, 5, 2, 32)).reshape(x.shape) if fmt == "q8_0" else np.abs(x)
     assert (np.abs(got - x) <= REL_ERR[fmt] * scale * 1.01 + 1e-7).all()
     assert written == store.stored_nbytes(7, 12) == 3 * 5 * SLOT_BYTES[fmt]
+
+
+@pytest.mark.parametrize("shape", [(3, 8192, 64), (2, 0, 32), (1, 1, 1)])
+def test_lazy_zeros_are_writable_zeros(shape):
+    a = lazy_zeros(shape, np.int8)
+    assert a.shape == shape and a.dtype == np.int8 and a.flags.writeable
+    assert not a.any()
+    if a.size:
+        a[-1, -1, -1] = 5
+        assert a.sum() == 5
+
+
+@pytest.mark.parametrize("fmt", sorted(KV_FORMATS))
+def test_unwritten_slots_read_as_zero(fmt):
+    store = kv_store_class(fmt)(2, 8, 32)
+    store.write(0, np.ones((1, 2, 32), np.float32))
+    got = store.read(0, 8)
+    assert np.allclose(got[:, 0], 1, rtol=1e-2) and not got[:, 1:].any()
 
 
 def test_f16_saturates_instead_of_overflowing():
