@@ -63,6 +63,7 @@ WEIGHT_FORMATS = sorted(FORMATS)
 KV_FORMAT_NAMES = sorted(KV_FORMATS)
 
 # fmt: off
+KV_ARG = (("--kv",), dict(default="f32", choices=KV_FORMAT_NAMES, metavar="FMT", help=f"KV cache format: {' '.join(KV_FORMAT_NAMES)} (default: %(default)s)"))
 MODEL_ARGS = [
     (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
     (("--weights",), dict(choices=WEIGHT_FORMATS, metavar="FMT", help=f"convert the weights to FMT at load: {' '.join(WEIGHT_FORMATS)} (default: as stored)")),
@@ -80,7 +81,7 @@ SAMPLING_ARGS = [
     (("--seed",), dict(type=int, default=None, help="random seed (default: a fresh one, printed in the summary)")),
     (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: the model's)")),
     (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)")),
-    (("--kv",), dict(default="f32", choices=KV_FORMAT_NAMES, metavar="FMT", help=f"KV cache format: {' '.join(KV_FORMAT_NAMES)} (default: %(default)s)")),
+    KV_ARG,
 ]
 CHAT_ARGS = [
     (("--system",), dict(default=None, help="system prompt (default: the template's own, if any)")),
@@ -317,13 +318,7 @@ def build_parser() -> Parser:
         default=256,
         help="window size in tokens (default: %(default)s)",
     )
-    p.add_argument(
-        "--kv",
-        default="f32",
-        choices=KV_FORMAT_NAMES,
-        metavar="FMT",
-        help="KV cache format (default: %(default)s)",
-    )
+    add(p, [KV_ARG])
     p.set_defaults(func=cmd_perplexity)
 
     pl = sub.add_parser("pull", help="download a model alias into the cache")

@@ -11,7 +11,6 @@ from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
 from bench.sol import Estimate, Prediction, ShapeError, estimate, load_shape, to_json
 from quant import FORMATS
-from quant.kv import KV_FORMATS
 
 from .errors import UsageError
 
@@ -162,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callable) -> None:
-    from .cli import positive_int
+    from .cli import KV_ARG, positive_int
 
     so = sub.add_parser("sol", help="speed-of-light prediction for a config and a device")
     so.add_argument(
@@ -179,13 +178,7 @@ def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callabl
     so.add_argument(
         "--head", choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)"
     )
-    so.add_argument(
-        "--kv",
-        default="f32",
-        choices=sorted(KV_FORMATS),
-        metavar="FMT",
-        help="KV cache format (default: %(default)s)",
-    )
+    add(so, [KV_ARG])
     so.add_argument(
         "--pos", type=int, default=0, help="position of the decoded token (default: %(default)s)"
     )
@@ -212,13 +205,7 @@ def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callabl
         "bench", help="decode ms/token, bytes/token and GB/s against the speed of light"
     )
     add(b, model_args)
-    b.add_argument(
-        "--kv",
-        default="f32",
-        choices=sorted(KV_FORMATS),
-        metavar="FMT",
-        help="KV cache format (default: %(default)s)",
-    )
+    add(b, [KV_ARG])
     b.add_argument(
         "-p",
         "--prompt",
