@@ -12,6 +12,7 @@ from .runner import Row
 
 COLUMNS = [
     ("model", lambda r: r.model),
+    ("kernels", lambda r: r.kernels),
     ("weights", lambda r: r.weights if r.head == r.weights else f"{r.weights}/{r.head}"),
     ("kv", lambda r: r.kv),
     ("window", lambda r: str(r.window or "-")),

@@ -29,6 +29,8 @@ class Formats(NamedTuple):
     head: str  # the LM head
     embed: str  # the token embedding
     kv: str  # the KV cache
+    backend: str = "numpy"  # the kernel backend, whose memory layout the bytes follow
+    kernels: str = "numpy"  # what ran them, for reports: "numba omp, 2 threads"
 
 
 class Decoder(Protocol):
@@ -59,6 +61,7 @@ class Settings:
 @dataclass
 class Row:
     model: str
+    kernels: str  # the backend and its threads, e.g. "numba omp, 2 threads"
     weights: str
     head: str
     kv: str
@@ -136,11 +139,12 @@ def _row(shape: Shape, f: Formats, s: Settings, depth: int,
     steps = [st for r in rounds for st in r[2]]
     measured = statistics.fmean(st.bytes_read for st in steps)
     mid = depth + s.prompt + (s.warmup + s.n) // 2
-    est = estimate(shape, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed)
+    est = estimate(shape, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
+                   kernels=f.backend)  # fmt: skip
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     row = Row(
-        shape.name, f.weights, f.head, f.kv, s.window, depth,
+        shape.name, f.kernels, f.weights, f.head, f.kv, s.window, depth,
         prefill_tok_s=statistics.median(r[0] for r in rounds),
         decode_ms=decode_ms, decode_ms_min=min(ms), decode_ms_max=max(ms),
         bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quant import weight_class
+from quant.backends import get_backend
 from quant.kv import kv_store_class
 
 from .meter import CATEGORIES
@@ -154,6 +154,7 @@ class Estimate:
     kv_write_bytes: int = 0
     flops: int = 0
     engine: bool = True  # matrices counted as llama-np stores them (else: at rest)
+    kernels: str = "numpy"  # the backend whose in-memory layout `engine` counts
 
     @property
     def weight_bytes(self) -> int:
@@ -194,10 +195,13 @@ class Prediction:
     compute_ms: float
 
 
-def matrix_bytes(fmt: str, engine: bool) -> Callable[[tuple[int, int]], int]:
-    """Bytes of a matrix in a format: as llama-np holds it in memory (`engine`, what its
-    meter counts), or at rest, by the format's definition (bits per weight)."""
-    cls = weight_class(fmt)
+def matrix_bytes(
+    fmt: str, engine: bool, kernels: str = "numpy"
+) -> Callable[[tuple[int, int]], int]:
+    """Bytes of a matrix in a format: as llama-np's `kernels` backend holds it in memory
+    (`engine`, what its meter counts), or at rest, by the format's definition (bits per
+    weight)."""
+    cls = get_backend(kernels).weight_class(fmt)
     if engine:
         return cls.nbytes_for
     return lambda shape: int(shape[0] * shape[1] * cls.bits_per_weight) // 8
@@ -212,16 +216,18 @@ def estimate(
     head: str | None = None,
     engine: bool = True,
     embed: str | None = None,
+    kernels: str = "numpy",
 ) -> Estimate:
     """Bytes and FLOPs of the decode step of the token at `pos` (0-based). `window`
     overrides the config's; `head` is the LM head's format (default: `weights`); `embed`
     the embedding's (default: the head's when tied, else `weights`). `engine`: count
-    matrices as llama-np stores them in memory (scales widened to float32); False counts
-    the formats' own sizes."""
+    matrices and the KV cache as the `kernels` backend ("numpy" or "numba") lays them out
+    in memory; False counts the formats' own sizes."""
     s = shape
     head = head or weights
     embed = head if s.tied else (embed or weights)
-    w, h, store = matrix_bytes(weights, engine), matrix_bytes(head, engine), kv_store_class(kv)
+    w, h = matrix_bytes(weights, engine, kernels), matrix_bytes(head, engine, kernels)
+    store = kv_store_class(kv)
     window = window if window is not None else s.window
     n_keys = pos + 1 if window is None else min(pos + 1, window)
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
@@ -237,10 +243,12 @@ def estimate(
         active * sum(w(m) for m in expert) + sum(w(m) for m in router)
     )
     reads["lm_head"] = h((s.vocab, s.dim))
-    reads["embedding"] = matrix_bytes(embed, engine)((1, s.dim))
+    reads["embedding"] = matrix_bytes(embed, engine, kernels)((1, s.dim))
     reads["norms"] = 4 * s.dim * (2 * s.n_layers + 1)
     slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
-    reads["kv_cache"] = s.n_layers * 2 * n_keys * slot
+    tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
+    keys = store.read_nbytes(n_keys, s.n_kv_heads, s.head_dim, tiled)
+    reads["kv_cache"] = s.n_layers * (keys + n_keys * slot)
 
     def count(ms: list[tuple[int, int]]) -> int:
         return sum(r * c for r, c in ms)
@@ -258,7 +266,9 @@ def estimate(
         2 * (s.n_layers * layer_matmul + embed) + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys
     )
     writes = s.n_layers * 2 * slot
-    return Estimate(s, weights, head, kv, pos, n_keys, total, read, reads, writes, flops, engine)
+    return Estimate(
+        s, weights, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels
+    )
 
 
 def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
@@ -267,7 +277,7 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
         "weights": e.weights,
         "head": e.head,
         "kv": e.kv,
-        "layout": "llama-np in memory" if e.engine else "format at rest",
+        "layout": f"llama-np in memory ({e.kernels} kernels)" if e.engine else "format at rest",
         "pos": e.pos,
         "n_keys": e.n_keys,
         "params_total": e.params_total,

@@ -7,8 +7,8 @@ import numpy as np
 
 from bench.meter import Meter
 from bench.sol import Shape, load_shape
-from quant import FORMATS, BlockWeight, Weight
-from quant.floats import F32Weight
+from quant import BlockWeight, Weight
+from quant.backends import Backend, numpy_backend
 
 from .config import Config
 from .errors import UsageError
@@ -32,13 +32,15 @@ def config_from_shape(s: Shape) -> Config:
     )  # fmt: skip
 
 
-def random_weight(shape: tuple[int, int], fmt: str, rng: np.random.Generator) -> Weight:
+def random_weight(
+    shape: tuple[int, int], fmt: str, rng: np.random.Generator, backend: Backend
+) -> Weight:
     """A matrix of random values stored directly in `fmt` (no float copy, no quantizing),
     so a model far larger than the caches builds in seconds."""
     rows, cols = shape
-    cls = FORMATS[fmt]
+    cls = backend.weight_class(fmt)
     if fmt == "f32":
-        return F32Weight((rng.random(shape, dtype=np.float32) - np.float32(0.5)) * np.float32(0.05))
+        return cls((rng.random(shape, dtype=np.float32) - np.float32(0.5)) * np.float32(0.05))
     if issubclass(cls, BlockWeight):
         nb = cols // 32
         codes = rng.integers(0, 256, (rows, nb * cls.code_bytes), dtype=np.uint8)
@@ -52,14 +54,20 @@ def random_weight(shape: tuple[int, int], fmt: str, rng: np.random.Generator) ->
     return cls(bits)
 
 
-def synthetic_model(spec: str, fmt: str | None, head: str | None, seed: int = 0) -> Transformer:
+def synthetic_model(
+    spec: str, fmt: str | None, head: str | None, backend: Backend | None = None, seed: int = 0
+) -> Transformer:
     """`synthetic:CONFIG_OR_PRESET`: random weights of that shape, built in memory."""
-    return random_model(load_shape(spec[len(SYNTHETIC) :]), fmt, head, seed)
+    return random_model(load_shape(spec[len(SYNTHETIC) :]), fmt, head, backend, seed)
 
 
-def random_model(shape: Shape, fmt: str | None, head: str | None, seed: int = 0) -> Transformer:
-    """A model of `shape` whose matrices hold random values in `fmt` (default f32)."""
+def random_model(
+    shape: Shape, fmt: str | None, head: str | None, backend: Backend | None = None, seed: int = 0
+) -> Transformer:
+    """A model of `shape` whose matrices hold random values in `fmt` (default f32), laid
+    out for `backend` (default: NumPy's)."""
     c = config_from_shape(shape)
+    backend = backend or numpy_backend()
     fmt, rng = fmt or "f32", np.random.default_rng(seed)
     tensors: dict[str, Weight | np.ndarray] = {}
     shapes = {
@@ -70,14 +78,15 @@ def random_model(shape: Shape, fmt: str | None, head: str | None, seed: int = 0)
     for i in range(c.n_layers):
         for attr, name in layer_tensor_names(i).items():
             if attr in shapes:
-                tensors[name] = random_weight(shapes[attr], fmt, rng)
+                tensors[name] = random_weight(shapes[attr], fmt, rng, backend)
             else:
                 tensors[name] = np.ones(c.dim, np.float32)  # a norm
-    tensors["model.embed_tokens.weight"] = random_weight((c.vocab_size, c.dim), head or fmt, rng)
+    embedding = (c.vocab_size, c.dim)
+    tensors["model.embed_tokens.weight"] = random_weight(embedding, head or fmt, rng, backend)
     if not c.tie_embeddings:
-        tensors["lm_head.weight"] = random_weight((c.vocab_size, c.dim), head or fmt, rng)
+        tensors["lm_head.weight"] = random_weight(embedding, head or fmt, rng, backend)
     tensors["model.norm.weight"] = np.ones(c.dim, np.float32)
-    model = Transformer(c, build_weights(c, tensors))
+    model = Transformer(c, build_weights(c, tensors, backend=backend), backend)
     model.name = shape.name
     return model
 

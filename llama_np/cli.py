@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from quant import FORMATS, QuantError
+from quant.backends import KERNELS
 from quant.kv import KV_FORMATS
 
 from .cli_bench import DEVICE_ARGS
@@ -64,11 +65,13 @@ KV_FORMAT_NAMES = sorted(KV_FORMATS)
 
 # fmt: off
 KV_ARG = (("--kv",), dict(default="f32", choices=KV_FORMAT_NAMES, metavar="FMT", help=f"KV cache format: {' '.join(KV_FORMAT_NAMES)} (default: %(default)s)"))
+KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed (default: %(default)s)"))
 MODEL_ARGS = [
     (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
     (("--weights",), dict(choices=WEIGHT_FORMATS, metavar="FMT", help=f"convert the weights to FMT at load: {' '.join(WEIGHT_FORMATS)} (default: as stored)")),
     (("--head",), dict(choices=WEIGHT_FORMATS, metavar="FMT", help="format of the LM head (default: as --weights)")),
     (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)")),
+    KERNELS_ARG,
 ]
 SAMPLING_ARGS = [
     (("-n", "--n-predict"), dict(type=n_predict, default=128, help="tokens to generate (default: %(default)s)")),
@@ -110,11 +113,16 @@ def load_model(args: argparse.Namespace) -> LLM:
     from .api import load
 
     return load(
-        args.model, weights=args.weights, head=args.head, threads=args.threads, progress=True
+        args.model,
+        weights=args.weights,
+        head=args.head,
+        threads=args.threads,
+        kernels=args.kernels,
+        progress=True,
     )
 
 
-def summary_line(stats: Stats, args: argparse.Namespace | None = None) -> str:
+def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: str = "") -> str:
     parts = [f"prompt {stats.prompt_tokens} tokens, prefill {stats.prefill_tok_s:.1f} tok/s"]
     if stats.decode_steps:
         parts.append(
@@ -125,6 +133,8 @@ def summary_line(stats: Stats, args: argparse.Namespace | None = None) -> str:
         parts += peak_shares(stats, args)
     else:
         parts.append(f"generated {len(stats.generated)} tokens")
+    if kernels:
+        parts.append(kernels)
     parts.append(f"stop: {stats.stop_reason}, seed {stats.seed}")
     return "llama-np: " + " | ".join(parts)
 
@@ -133,7 +143,6 @@ def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
     """Achieved bandwidth as a share of this machine's attainable bandwidth (from a cached
     `llama-np probe`) and of a device's theoretical peak (--device / --peak-gbs)."""
     from bench.probe import load_probe
-    from quant import parallel
 
     from .api import default_threads
     from .cli_bench import device_of
@@ -148,7 +157,6 @@ def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
     device = device_of(args) if args is not None and hasattr(args, "device") else None
     if device is not None:
         out.append(f"{100 * stats.gbs * 1e9 / device.bandwidth:.1f}% of {device.name} peak")
-    out.append(f"{parallel.active()} processes")
     return out
 
 
@@ -183,7 +191,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv, stats=stats)
         stream_out(llm.stream(prompt, args.n_predict, **opts, **sampling(args)))
-    print(summary_line(stats, args), file=sys.stderr)
+    print(summary_line(stats, args, llm.kernels), file=sys.stderr)
     return 0
 
 
@@ -207,7 +215,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         stats = Stats()
         stream_out(session.send(line, args.n_predict, stats))
         if args.verbose:
-            print(summary_line(stats, args), file=sys.stderr)
+            print(summary_line(stats, args, llm.kernels), file=sys.stderr)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:

@@ -55,9 +55,8 @@ def cmd_sol(args: argparse.Namespace) -> int:
         raise UsageError("give --config PATH_OR_PRESET")
     try:
         shape = load_shape(args.config)
-        e = estimate(
-            shape, args.weights, args.kv, args.pos, args.window, args.head, args.engine_layout
-        )
+        e = estimate(shape, args.weights, args.kv, args.pos, args.window, args.head,
+                     args.engine_layout, kernels=backend_name(args.kernels))  # fmt: skip
     except ShapeError as err:
         raise UsageError(str(err)) from None
     device = device_of(args)
@@ -69,9 +68,22 @@ def cmd_sol(args: argparse.Namespace) -> int:
     return 0
 
 
+def backend_name(kernels: str) -> str:
+    """The backend `--kernels` resolves to ("auto": numba when it is importable)."""
+    from quant.backends import numba_importable
+
+    if kernels == "auto":
+        return "numba" if numba_importable() else "numpy"
+    return kernels
+
+
 def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str:
     head = f" (head {e.head})" if e.head != e.weights else ""
-    layout = "llama-np's in-memory layout" if e.engine else "the formats' own sizes"
+    layout = (
+        f"llama-np's in-memory layout ({e.kernels} kernels)"
+        if e.engine
+        else "the formats' own sizes"
+    )
     lines = [
         f"{e.shape.name}: weights {e.weights}{head}, kv {e.kv}, position {e.pos}, "
         f"attends to {e.n_keys} keys; bytes as {layout}",
@@ -122,18 +134,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench import report
     from bench.runner import Formats, Settings, run
 
-    from .api import default_threads, load, set_threads, start_kernels
+    from .api import choose_backend, default_threads, load, set_threads, start_kernels
     from .benchmark import SYNTHETIC, BenchDecoder, formats, shape_of, synthetic_model
 
     threads = set_threads(args.threads)
     device = device_of(args)
     if args.model.startswith(SYNTHETIC):
-        model = synthetic_model(args.model, args.weights, args.head)
-        start_kernels(model, threads)
+        model = synthetic_model(args.model, args.weights, args.head, choose_backend(args.kernels))
+        kernels = start_kernels(model, threads)
         name = model.name
     else:
-        llm = load(args.model, weights=args.weights, head=args.head, threads=threads, progress=True)
-        model, name = llm.model, llm.path.name
+        llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
+                   kernels=args.kernels, progress=True)  # fmt: skip
+        model, name, kernels = llm.model, llm.path.name, llm.kernels
     weights, head, embed = formats(model.weights)
     shape = shape_of(model.config, name)
     window = args.window if args.window is not None else model.config.sliding_window
@@ -142,7 +155,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     probe = probe_for(threads or default_threads())
     dec = BenchDecoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
-    rows = run(dec, shape, Formats(weights, head, embed, args.kv), s, probe, device)
+    f = Formats(weights, head, embed, args.kv, model.backend.name, kernels)
+    rows = run(dec, shape, f, s, probe, device)
     if args.json:
         print(report.json_text(rows, {"threads": threads, "machine": probe.machine}))
     elif args.csv:
@@ -161,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callable) -> None:
-    from .cli import KV_ARG, positive_int
+    from .cli import KERNELS_ARG, KV_ARG, positive_int
 
     so = sub.add_parser("sol", help="speed-of-light prediction for a config and a device")
     so.add_argument(
@@ -189,6 +203,7 @@ def add_commands(sub: argparse._SubParsersAction, model_args: list, add: Callabl
         action="store_true",
         help="count bytes as llama-np holds matrices in memory (default: the formats' own sizes)",
     )
+    add(so, [KERNELS_ARG])
     so.add_argument("--list-devices", action="store_true", help="print the device table and exit")
     add(so, DEVICE_ARGS)
     so.set_defaults(func=cmd_sol)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from quant import FORMATS
+from quant.backends import Backend
 from quant.blocks import BlockWeight
 
 from .config import Config, config_from_hf
@@ -139,8 +139,9 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, r // n_head // 2, 2, -1).swapaxes(1, 2).reshape(rows.shape)
 
 
-def gguf_tensor(t: Any, n_head: int | None) -> Tensor:
-    """One GGUF tensor as a float32 vector or a Weight in its stored format."""
+def gguf_tensor(t: Any, n_head: int | None, backend: Backend) -> Tensor:
+    """One GGUF tensor as a float32 vector or a Weight in its stored format, laid out for
+    the backend."""
     fmt = GGML_TYPES.get(int(t.tensor_type))
     if fmt is None:
         kind = getattr(t.tensor_type, "name", t.tensor_type)
@@ -159,7 +160,7 @@ def gguf_tensor(t: Any, n_head: int | None) -> Tensor:
     raw = data.reshape(shape[0], -1)
     if n_head is not None:
         raw = unpermute_rows(raw, n_head)
-    cls = FORMATS[fmt]
+    cls = backend.weight_class(fmt)
     if issubclass(cls, BlockWeight):
         return cls.from_blocks(shape, raw)
     if fmt == "f32":
@@ -186,7 +187,7 @@ def _reader(path: Path) -> GGUFReader:
     return Reader(path, "r")
 
 
-def load_gguf(path: Path) -> Source:
+def load_gguf(path: Path, backend: Backend) -> Source:
     try:
         reader = _reader(path)
     except Exception as e:  # the reader raises ValueError, KeyError, struct errors...
@@ -201,7 +202,7 @@ def load_gguf(path: Path) -> Source:
     for name, t in by_name.items():
         hf, heads = gguf_to_hf_name(name, config)
         if hf is not None:
-            tensors[hf] = gguf_tensor(t, heads)
+            tensors[hf] = gguf_tensor(t, heads, backend)
     return Source(config, tensors, tokenizer_from_gguf(meta), path, "gguf")
 
 

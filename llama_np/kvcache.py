@@ -30,6 +30,18 @@ class ContextFull(UsageError):
     """A full-attention cache has no room for the next position."""
 
 
+class DecodeSlot(NamedTuple):
+    """Where one decode step of one layer appends its key and value, and what it attends
+    to: slots 0..n-1 of the stores (a compiled kernel writes and reads them in place)."""
+
+    keys: tuple[np.ndarray, ...]  # the key store's arrays
+    values: tuple[np.ndarray, ...]  # the value store's arrays
+    slot: int
+    n: int
+    read_nbytes: int
+    write_nbytes: int
+
+
 class KVView(NamedTuple):
     k: np.ndarray  # (n_kv, L, hd) keys the new tokens attend to, float32
     v: np.ndarray  # (n_kv, L, hd)
@@ -40,8 +52,14 @@ class KVView(NamedTuple):
 
 class KVCache:
     def __init__(
-        self, config: Config, capacity: int, window: int | None = None, fmt: str = "f32"
+        self,
+        config: Config,
+        capacity: int,
+        window: int | None = None,
+        fmt: str = "f32",
+        tiled_keys: bool = False,
     ) -> None:
+        """`tiled_keys`: keys in tiles of 16 slots, the compiled backend's layout."""
         if capacity < 1:
             raise UsageError(f"the context size must be positive, got {capacity}")
         self.window = window
@@ -55,7 +73,7 @@ class KVCache:
                 f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
                 "machine's memory; lower -c/--ctx-size or set --window"
             )
-        self.k = [store(*shape) for _ in range(config.n_layers)]
+        self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
         self.v = [store(*shape) for _ in range(config.n_layers)]
         self.fmt = fmt
         self.slots = slots
@@ -69,6 +87,20 @@ class KVCache:
     def n_keys(self, pos: int) -> int:
         """How many keys the token at `pos` attends to, itself included."""
         return pos + 1 if self.window is None else min(pos + 1, self.window)
+
+    def decode_slot(self, layer: int) -> DecodeSlot:
+        """The slot the token at position `pos` goes to in `layer`, and how many slots it
+        attends to (itself included); `advance(1)` moves `pos` once every layer is done."""
+        p = self.pos
+        if self.window is None and p >= self.capacity:
+            raise ContextFull(
+                f"context full: {p + 1} positions exceed the context size {self.capacity}"
+            )
+        n = self.n_keys(p)
+        K, V = self.k[layer], self.v[layer]
+        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
+        written = K.slot_bytes + V.slot_bytes
+        return DecodeSlot(tuple(K.arrays()), tuple(V.arrays()), p % self.slots, n, read, written)
 
     def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
         """Append k, v (T, n_kv, hd) of positions pos:pos+T to `layer`; return what those T

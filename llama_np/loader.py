@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from quant import Weight, convert, stack_rows, weight_class
+from quant import Weight, stack_rows
+from quant.backends import Backend, numpy_backend
 
 from .checkpoint import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
 from .config import Config
@@ -35,8 +36,9 @@ class Source:
     kind: str  # "hf" or "gguf"
 
 
-def hf_tensors(ckpt: Checkpoint) -> dict[str, Tensor]:
-    """Tensors by name: float matrices as stored, quantized ones rebuilt from their parts."""
+def hf_tensors(ckpt: Checkpoint, backend: Backend) -> dict[str, Tensor]:
+    """Tensors by name: float matrices as stored, quantized ones rebuilt from their parts
+    in the backend's layout."""
     try:
         formats = json.loads(ckpt.metadata.get(FORMATS_KEY, "{}"))
     except json.JSONDecodeError as e:
@@ -49,7 +51,8 @@ def hf_tensors(ckpt: Checkpoint) -> dict[str, Tensor]:
         }
         used.update(f"{name}:{k}" for k in parts)
         try:
-            out[name] = weight_class(spec["format"]).from_arrays(tuple(spec["shape"]), parts)
+            cls = backend.weight_class(spec["format"])
+            out[name] = cls.from_arrays(tuple(spec["shape"]), parts)
         except (KeyError, TypeError, ValueError) as e:
             raise LlamaNpError(f"{ckpt.path}: tensor {name!r} cannot be read ({e})") from None
     for name, raw in ckpt.tensors.items():
@@ -58,8 +61,10 @@ def hf_tensors(ckpt: Checkpoint) -> dict[str, Tensor]:
     return out
 
 
-def open_source(path: str | Path) -> Source:
-    """A checkpoint directory, a .safetensors file inside one, or a .gguf file."""
+def open_source(path: str | Path, backend: Backend | None = None) -> Source:
+    """A checkpoint directory, a .safetensors file inside one, or a .gguf file; quantized
+    matrices are laid out for `backend` (default: NumPy's) as they are read."""
+    backend = backend or numpy_backend()
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -68,10 +73,11 @@ def open_source(path: str | Path) -> Source:
     if path.suffix == ".gguf":
         from .gguf_loader import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, backend)
     directory = path if path.is_dir() else path.parent
     ckpt = load_hf_checkpoint(directory)
-    return Source(ckpt.config, hf_tensors(ckpt), load_tokenizer(directory), directory, "hf")
+    tensors = hf_tensors(ckpt, backend)
+    return Source(ckpt.config, tensors, load_tokenizer(directory), directory, "hf")
 
 
 def layer_tensor_names(i: int) -> dict[str, str]:
@@ -120,13 +126,16 @@ def build_weights(
     fmt: str | None = None,
     head_fmt: str | None = None,
     progress: bool = False,
+    backend: Backend | None = None,
 ) -> Weights:
     """Check every tensor's shape against the config before any compute, then convert the
-    matrices to `fmt` (None keeps each as stored; the LM head may get its own format)."""
+    matrices to `fmt` (None keeps each as stored; the LM head may get its own format) in
+    the backend's layout (default: NumPy's)."""
     c = config
+    backend = backend or numpy_backend()
     for f in (fmt, head_fmt):
         if f is not None:
-            weight_class(f)  # an unknown format fails before any work
+            backend.weight_class(f)  # an unknown format fails before any work
     names = [layer_tensor_names(i) for i in range(c.n_layers)]
     shapes = _layer_shapes(c)
     raw = [{k: _get(tensors, n[k], shapes[k]) for k in n} for n in names]
@@ -139,7 +148,7 @@ def build_weights(
     bar = tqdm(total=todo, desc=f"weights -> {fmt}", unit="matrix", disable=not (progress and fmt))
 
     def to(w: Weight, f: str | None) -> Weight:
-        out = convert(w, f) if f else w
+        out = backend.convert(w, f)
         bar.update()
         return out
 

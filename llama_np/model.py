@@ -13,11 +13,21 @@ from time import perf_counter
 import numpy as np
 
 from bench.meter import Meter
-from quant import Weight, matmuls, matvecs
+from quant import Weight
+from quant.backends import Backend, numpy_backend
 
 from .config import Config
 from .kvcache import KVCache
-from .ops import Rotary, attention, causal_mask, rmsnorm, rope_inv_freq, swiglu
+from .ops import NumpyOps, Rotary, rope_inv_freq
+
+
+def ops_for(backend: Backend) -> NumpyOps:
+    """The block's operations for a kernel backend: NumPy's, or compiled ones."""
+    if backend.name == "numba":
+        from .ops_compiled import CompiledOps
+
+        return CompiledOps()
+    return NumpyOps()
 
 
 @dataclass
@@ -56,9 +66,18 @@ class Weights:
 
 
 class Transformer:
-    def __init__(self, config: Config, weights: Weights, meter: Meter | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        weights: Weights,
+        backend: Backend | None = None,
+        meter: Meter | None = None,
+    ) -> None:
+        """`backend`: the kernels, which laid out `weights` (default: NumPy's)."""
         self.config = config
         self.weights = weights
+        self.backend = backend or numpy_backend()
+        self.ops = ops_for(self.backend)
         self.meter = meter or Meter()
         self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
 
@@ -67,7 +86,9 @@ class Transformer:
     ) -> KVCache:
         """A cache for one sequence. `window` overrides the config's sliding window."""
         window = window if window is not None else self.config.sliding_window
-        return KVCache(self.config, capacity or self.config.max_seq_len, window, kv)
+        return KVCache(
+            self.config, capacity or self.config.max_seq_len, window, kv, self.backend.tiled_keys
+        )
 
     def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Logits after `tokens`, which continue the sequence held in `cache`.
@@ -80,10 +101,9 @@ class Transformer:
         meter.read("embedding", t * w.embed.row_nbytes)
         if t0:
             meter.lap("embedding", t0)
-        positions = np.arange(p0, p0 + t)
-        rot = Rotary(positions, self.inv_freq)  # shared by every layer
+        rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, x, cache, positions, rot)
+            x = x + self._attention(i, layer, x, cache, rot)
             x = x + self._mlp(layer, x)
         cache.advance(t)
         x = self._norm(x if all_logits else x[-1:], w.norm)
@@ -92,43 +112,24 @@ class Transformer:
         return logits if all_logits else logits[-1]
 
     def _attention(
-        self,
-        i: int,
-        layer: Layer,
-        x: np.ndarray,
-        cache: KVCache,
-        positions: np.ndarray,
-        rot: Rotary,
+        self, i: int, layer: Layer, x: np.ndarray, cache: KVCache, rot: Rotary
     ) -> np.ndarray:
-        c, t = self.config, x.shape[0]
         h = self._norm(x, layer.attn_norm)
         qkv = self._linear(layer.wqkv, h, "attn_weights")  # (T, q_dim + 2 kv_dim)
-        q = qkv[:, : c.q_dim].reshape(t, c.n_heads, c.head_dim)
-        k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(t, c.n_kv_heads, c.head_dim)
-        v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
         meter = self.meter
         t0 = perf_counter() if meter.profile else 0.0
-        q, k = rot(q), rot(k)
-        if t0:  # timed with the attention projections
-            meter.lap("attn_weights", t0)
-            t0 = perf_counter()
-        view = cache.update(i, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
-        meter.read("kv_cache", view.read_nbytes)
-        meter.write("kv_cache", view.write_nbytes)
-        mask = None
-        if view.positions is not None:
-            mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
-        out = attention(q, view.k, view.v, mask)  # (T, n_heads * head_dim)
-        if t0:
+        out, read, written = self.ops.attention(self.config, qkv, cache, i, rot)  # (T, q_dim)
+        meter.read("kv_cache", read)
+        meter.write("kv_cache", written)
+        if t0:  # RoPE, the cache append and attention
             meter.lap("kv_cache", t0)
         return self._linear(layer.wo, out, "attn_weights")
 
     def _mlp(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         h = self._norm(x, layer.mlp_norm)
         gate_up = self._linear(layer.w_gate_up, h, "mlp_weights")  # (T, 2 * hidden_dim)
-        gate, up = gate_up[:, : self.config.hidden_dim], gate_up[:, self.config.hidden_dim :]
         t0 = perf_counter() if self.meter.profile else 0.0
-        act = swiglu(gate, up)
+        act = self.ops.swiglu(gate_up)  # (T, hidden_dim)
         if t0:  # timed with the MLP matrices
             self.meter.lap("mlp_weights", t0)
         return self._linear(layer.w_down, act, "mlp_weights")  # (T, dim)
@@ -137,7 +138,7 @@ class Transformer:
         meter = self.meter
         meter.read("norms", weight.nbytes)
         t0 = perf_counter() if meter.profile else 0.0
-        y = rmsnorm(x, weight, self.config.norm_eps)
+        y = self.ops.rmsnorm(x, weight, self.config.norm_eps)
         if t0:
             meter.lap("norms", t0)
         return y
@@ -147,7 +148,7 @@ class Transformer:
         meter = self.meter
         meter.read(category, w.nbytes)
         t0 = perf_counter() if meter.profile else 0.0
-        y = matvecs([w], x[0])[0][None, :] if x.shape[0] == 1 else matmuls([w], x)[0]
+        y = w.matvec(x[0])[None, :] if x.shape[0] == 1 else w.matmul(x)
         if t0:
             meter.lap(category, t0)
         return y

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .config import Config
+from .kvcache import KVCache
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -56,13 +57,13 @@ class Rotary:
 
     For one position (decode) the rotation is a (head_dim, head_dim) matrix built once per
     token and shared by every layer: applying it is one small matmul instead of six
-    elementwise passes."""
+    elementwise passes (`matrix=False` when a compiled kernel applies cos and sin)."""
 
-    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray) -> None:
+    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray, matrix: bool = True) -> None:
         angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
         self.cos, self.sin = np.cos(angles), np.sin(angles)
         self.matrix = None
-        if len(positions) == 1:
+        if len(positions) == 1 and matrix:
             h = inv_freq.size
             i = np.arange(h)
             r = np.zeros((2 * h, 2 * h), np.float32)
@@ -139,3 +140,37 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     t *= up
     t *= np.float32(0.5)
     return t
+
+
+class NumpyOps:
+    """The block's operations between the matrix products, as the forward pass calls them:
+    the NumPy reference. A kernel backend may replace them (llama_np.ops_compiled); the
+    math stays the functions above."""
+
+    def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
+        return Rotary(positions, inv_freq)
+
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return rmsnorm(x, weight, eps)
+
+    def swiglu(self, gate_up: np.ndarray) -> np.ndarray:
+        """(T, 2 * hidden) [gate | up] -> (T, hidden)"""
+        hidden = gate_up.shape[1] // 2
+        return swiglu(gate_up[:, :hidden], gate_up[:, hidden:])
+
+    def attention(
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary
+    ) -> tuple[np.ndarray, int, int]:
+        """RoPE, append k and v to the cache, attend: qkv (T, q_dim + 2 kv_dim) ->
+        (T, q_dim), and the bytes of cache read and written."""
+        t = qkv.shape[0]
+        q = qkv[:, : c.q_dim].reshape(t, c.n_heads, c.head_dim)
+        k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(t, c.n_kv_heads, c.head_dim)
+        v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
+        q, k = rot(q), rot(k)
+        view = cache.update(layer, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
+        mask = None
+        if view.positions is not None:
+            positions = np.arange(cache.pos, cache.pos + t)
+            mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
+        return attention(q, view.k, view.v, mask), view.read_nbytes, view.write_nbytes

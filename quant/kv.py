@@ -1,11 +1,16 @@
 """KV-cache storage formats: one layer's keys or values.
 
-Stored head-major, (n_kv_heads, slots, head_dim): the keys of one head are one contiguous
-(n, head_dim) matrix, which is what attention multiplies. Position-major storage, whose
-per-head matrices are strided views, measured slower: at 4096 keys on SmolLM2's shape, one
-layer's decode attention took 1.35 ms against 0.94 ms head-major (see DEVELOPERS.md). A
-decode step writes n_kv rows of head_dim instead of one row, which costs nothing
-measurable.
+A store holds, per KV head and slot (position), one head_dim vector in a format (f32,
+f16, q8_0) and one of two layouts:
+
+- head-major, (n_kv_heads, slots, head_dim): the keys of one head are one contiguous
+  (n, head_dim) matrix, what NumPy's attention multiplies. Position-major storage, whose
+  per-head matrices are strided views, measured slower: at 4096 keys on SmolLM2's shape
+  one layer's decode attention took 1.35 ms against 0.94 ms head-major (DEVELOPERS.md).
+- tiled, (n_kv_heads, slots / 16, head_dim, 16): 16 consecutive slots stored transposed,
+  so a compiled kernel computes 16 scores with one vector per element of the query and
+  never sums across vector lanes. The compiled backend keeps its keys this way. Reading
+  any slot of a tile reads the tile's cache lines, so a read counts whole tiles.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import numpy as np
 from .blocks import BLOCK, Q8_0Weight
 from .errors import QuantError
 from .floats import f16_to_f32
+
+TILE = 16  # slots per tile in the tiled layout
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -36,41 +43,94 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 
 class KVStore:
-    """Keys or values of one layer in float32. Subclasses store another format; attention
-    reads them through `read`, and the meter counts `stored_nbytes` of what was read."""
+    """Keys or values of one layer in float32. Subclasses store another format by saying
+    how a vector is encoded into their arrays and decoded back; attention reads them
+    through `read` (NumPy) or directly (compiled kernels), and the meter counts
+    `stored_nbytes` of what was read."""
 
     fmt: ClassVar[str] = "f32"
 
-    def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
+    def __init__(self, n_kv: int, slots: int, head_dim: int, tiled: bool = False) -> None:
+        self.check(head_dim)
+        self.tiled = tiled
+        self.n_kv, self.slots, self.head_dim = n_kv, slots, head_dim
         # Untouched pages cost nothing: a large context costs memory only when used.
-        self.data = lazy_zeros((n_kv, slots, head_dim), np.float32)
+        self._arrays = [
+            lazy_zeros(self._shape(n_kv, slots, width), dtype)
+            for width, dtype in self.parts(head_dim)
+        ]
+
+    @classmethod
+    def check(cls, head_dim: int) -> None:
+        """Raise QuantError when this format cannot store vectors of head_dim."""
+
+    @classmethod
+    def parts(cls, head_dim: int) -> list[tuple[int, type]]:
+        """(width per slot, dtype) of each stored array."""
+        return [(head_dim, np.float32)]
+
+    def _shape(self, n_kv: int, slots: int, width: int) -> tuple[int, ...]:
+        if self.tiled:
+            return (n_kv, -(-slots // TILE), width, TILE)
+        return (n_kv, slots, width)
 
     def arrays(self) -> list[np.ndarray]:
-        return [self.data]
+        return self._arrays
+
+    def encode(self, x: np.ndarray) -> list[np.ndarray]:
+        """x (T, n_kv, hd) float32 -> one (T, n_kv, width) array per part."""
+        return [x]
+
+    def decode(self, parts: list[np.ndarray]) -> np.ndarray:
+        """One (n_kv, L, width) array per part -> (n_kv, L, hd) float32."""
+        return parts[0]
 
     @classmethod
     def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
-        """Bytes one position of one layer's keys (or values) occupies: the shape rule the
-        speed-of-light model uses; `stored_nbytes` must agree."""
-        return n_kv * head_dim * 4
+        """Bytes one position of one layer's keys (or values) occupies."""
+        return n_kv * sum(w * np.dtype(t).itemsize for w, t in cls.parts(head_dim))
+
+    @classmethod
+    def read_nbytes(cls, n: int, n_kv: int, head_dim: int, tiled: bool = False) -> int:
+        """Bytes an attention over slots 0..n-1 reads: the shape rule the speed-of-light
+        model uses; `stored_nbytes` counts the same from the arrays."""
+        slots = -(-n // TILE) * TILE if tiled else n
+        return slots * cls.slot_nbytes(n_kv, head_dim)
 
     def write(self, s0: int, x: np.ndarray) -> int:
         """Store x (T, n_kv, hd) in slots s0:s0+T; returns the bytes written."""
-        self.data[:, s0 : s0 + x.shape[0]] = x.transpose(1, 0, 2)
-        return self.stored_nbytes(s0, s0 + x.shape[0])
+        t = x.shape[0]
+        if t == 0:
+            return 0
+        for a, v in zip(self._arrays, self.encode(x), strict=True):
+            if self.tiled:
+                s = np.arange(s0, s0 + t)
+                a[:, s // TILE, :, s % TILE] = v  # advanced indices first: (T, n_kv, width)
+            else:
+                a[:, s0 : s0 + t] = v.transpose(1, 0, 2)
+        return t * self.slot_bytes
 
     def read(self, s0: int, s1: int) -> np.ndarray:
         """Slots s0:s1 as float32, (n_kv, s1 - s0, hd)."""
-        return self.data[:, s0:s1]
+        if self.tiled:
+            s = np.arange(s0, s1)
+            return self.decode(
+                [a[:, s // TILE, :, s % TILE].transpose(1, 0, 2) for a in self._arrays]
+            )
+        return self.decode([a[:, s0:s1] for a in self._arrays])
 
     def stored_nbytes(self, s0: int, s1: int) -> int:
-        """Bytes the stored arrays hold for slots s0:s1: what a read of them touches."""
-        return (s1 - s0) * self._slot_bytes
+        """Bytes the stored arrays hold for slots s0:s1: what a read of them touches
+        (whole tiles when tiled)."""
+        if self.tiled:
+            s0, s1 = s0 // TILE * TILE, -(-s1 // TILE) * TILE
+        return (s1 - s0) * self.slot_bytes
 
     @functools.cached_property
-    def _slot_bytes(self) -> int:
+    def slot_bytes(self) -> int:
         """Bytes one slot occupies, from the arrays themselves (all slots are alike)."""
-        return sum(a[:, 0:1].nbytes for a in self.arrays())
+        per_index = [a[:, 0:1].nbytes for a in self._arrays]
+        return sum(per_index) // (TILE if self.tiled else 1)
 
 
 class F16KVStore(KVStore):
@@ -78,20 +138,15 @@ class F16KVStore(KVStore):
 
     fmt = "f16"
 
-    def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
-        self.data = lazy_zeros((n_kv, slots, head_dim), np.uint16)  # float16 bit patterns
-
     @classmethod
-    def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
-        return n_kv * head_dim * 2
+    def parts(cls, head_dim: int) -> list[tuple[int, type]]:
+        return [(head_dim, np.uint16)]  # float16 bit patterns
 
-    def write(self, s0: int, x: np.ndarray) -> int:
-        half = np.clip(x, -65504.0, 65504.0).astype(np.float16)
-        self.data[:, s0 : s0 + x.shape[0]] = half.view(np.uint16).transpose(1, 0, 2)
-        return self.stored_nbytes(s0, s0 + x.shape[0])
+    def encode(self, x: np.ndarray) -> list[np.ndarray]:
+        return [np.clip(x, -65504.0, 65504.0).astype(np.float16).view(np.uint16)]
 
-    def read(self, s0: int, s1: int) -> np.ndarray:
-        return f16_to_f32(self.data[:, s0:s1])
+    def decode(self, parts: list[np.ndarray]) -> np.ndarray:
+        return f16_to_f32(parts[0])
 
 
 class Q8_0KVStore(KVStore):
@@ -99,34 +154,29 @@ class Q8_0KVStore(KVStore):
 
     fmt = "q8_0"
 
-    def __init__(self, n_kv: int, slots: int, head_dim: int) -> None:
+    @classmethod
+    def check(cls, head_dim: int) -> None:
         if head_dim % BLOCK:
             raise QuantError(f"a q8_0 KV cache needs head_dim divisible by {BLOCK}, got {head_dim}")
-        self.codes = lazy_zeros((n_kv, slots, head_dim), np.int8)
-        self.scales = lazy_zeros((n_kv, slots, head_dim // BLOCK), np.uint16)  # float16 bits
-
-    def arrays(self) -> list[np.ndarray]:
-        return [self.codes, self.scales]
 
     @classmethod
-    def slot_nbytes(cls, n_kv: int, head_dim: int) -> int:
-        return n_kv * (head_dim + 2 * (head_dim // BLOCK))
+    def parts(cls, head_dim: int) -> list[tuple[int, type]]:
+        return [(head_dim, np.int8), (head_dim // BLOCK, np.uint16)]  # codes, float16 scales
 
-    def write(self, s0: int, x: np.ndarray) -> int:
+    def encode(self, x: np.ndarray) -> list[np.ndarray]:
         t, n_kv, hd = x.shape
         blocks = np.ascontiguousarray(x).reshape(t * n_kv, hd // BLOCK, BLOCK)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             codes, d, _ = Q8_0Weight.quantize_blocks(blocks)
             d16 = np.clip(d, 0.0, 65504.0).astype(np.float16)
-        self.codes[:, s0 : s0 + t] = codes.view(np.int8).reshape(t, n_kv, hd).transpose(1, 0, 2)
-        self.scales[:, s0 : s0 + t] = d16.view(np.uint16).reshape(t, n_kv, -1).transpose(1, 0, 2)
-        return self.stored_nbytes(s0, s0 + t)
+        return [codes.view(np.int8).reshape(t, n_kv, hd), d16.view(np.uint16).reshape(t, n_kv, -1)]
 
-    def read(self, s0: int, s1: int) -> np.ndarray:
-        n_kv, _, hd = self.codes.shape
-        q = self.codes[:, s0:s1].astype(np.float32).reshape(n_kv, s1 - s0, hd // BLOCK, BLOCK)
-        q *= f16_to_f32(self.scales[:, s0:s1])[..., None]
-        return q.reshape(n_kv, s1 - s0, hd)
+    def decode(self, parts: list[np.ndarray]) -> np.ndarray:
+        codes, scales = parts
+        n_kv, n, hd = codes.shape
+        q = codes.astype(np.float32).reshape(n_kv, n, hd // BLOCK, BLOCK)
+        q *= f16_to_f32(scales)[..., None]
+        return q.reshape(n_kv, n, hd)
 
 
 KV_FORMATS: dict[str, type[KVStore]] = {c.fmt: c for c in (KVStore, F16KVStore, Q8_0KVStore)}

@@ -75,7 +75,7 @@ def test_runner_rows_are_consistent(rows):
 def test_reports(rows, tmp_path):
     assert "decode ms/tok" in report.text_table(rows)
     assert report.markdown(rows).count("\n") == len(rows) + 1
-    assert report.csv_text(rows).splitlines()[0].startswith("model,weights")
+    assert report.csv_text(rows).splitlines()[0].startswith("model,kernels,weights")
     assert len(json.loads(report.json_text(rows))["rows"]) == 2
     assert "outside kernels" in report.profile_table(rows[0])
     report.plot(rows, tmp_path / "p.png", "test")

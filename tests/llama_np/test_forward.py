@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import llama_np
-import llama_np.model as model_module
 from llama_np import ops
 from quant import Weight
 
@@ -30,48 +29,50 @@ def _guard(name: str, fn, seen: list[str]):
     return wrapped
 
 
-def test_every_intermediate_is_float32(gqa_dir, monkeypatch):
-    """Each math function the forward pass calls, each kernel and each cache read is
-    checked on the way in and out: one float64 array fails the test."""
-    llm = llama_np.load(gqa_dir[0])
+def guard_model(model, seen: list[str], monkeypatch) -> None:
+    """Wrap the forward pass's operations and every matrix's kernels so that each checks
+    the arrays going in and coming out."""
+    ops_object = model.ops
+    for name in ("rmsnorm", "attention", "swiglu", "rotary"):
+        fn = getattr(ops_object, name)
+        if name == "rotary":
+            fn = (lambda f: lambda *a: _check_rotary(f(*a), seen))(fn)
+        monkeypatch.setattr(ops_object, name, _guard(name, fn, seen))
+    for w in model.weights.matrices():
+        for kind in ("rows", "matvec", "matmul"):
+            monkeypatch.setattr(w, kind, _guard(kind, getattr(w, kind), seen))
+
+
+def _check_rotary(rot, seen):
+    """RoPE's tables (applied inside `attention`, whose output is checked)."""
+    _check("rope tables", (rot.cos, rot.sin, rot.matrix), seen)
+    return rot
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_every_intermediate_is_float32(gqa_dir, monkeypatch, kernels):
+    """Each operation the forward pass calls, each kernel and each cache read is checked
+    on the way in and out: one float64 array fails the test. (Inside compiled kernels the
+    same holds by construction: tests/quant/test_compiled.py reads their LLVM code.)"""
+    llm = llama_np.load(gqa_dir[0], kernels=kernels)
     seen: list[str] = []
-    for name in ("rmsnorm", "attention", "causal_mask", "swiglu", "matvecs", "matmuls"):
-        monkeypatch.setattr(model_module, name, _guard(name, getattr(model_module, name), seen))
-
-    class GuardedRotary(ops.Rotary):
-        def __init__(self, positions, inv_freq):
-            super().__init__(positions, inv_freq)
-            _check("rope tables", (self.cos, self.sin, self.matrix), seen)
-
-        def __call__(self, x):
-            return _guard("rope", super().__call__, seen)(x)
-
-    monkeypatch.setattr(model_module, "Rotary", GuardedRotary)
-    for w in llm.model.weights.matrices():
-        monkeypatch.setattr(w, "rows", _guard(f"{type(w).__name__}.rows", w.rows, seen))
+    guard_model(llm.model, seen, monkeypatch)
     cache = llm.new_cache()
     logits = llm.logits(list(range(1, 12)), cache)
     step = llm.step(5, cache)
     assert logits.dtype == step.dtype == np.float32
-    for name in (
-        "rmsnorm",
-        "rope",
-        "attention",
-        "causal_mask",
-        "swiglu",
-        "matvecs",
-        "matmuls",
-        "F32Weight.rows",
-    ):
+    for name in ("rmsnorm", "rope tables", "attention", "swiglu", "rows", "matvec", "matmul"):
         assert name in seen, f"{name} was never checked"
 
 
 def test_float64_is_caught(gqa_dir, monkeypatch):
     """The guard above can fail: a float64 scalar in rmsnorm is reported."""
-    llm = llama_np.load(gqa_dir[0])
-    bad = lambda x, w, eps: ops.rmsnorm(x, w, eps) * np.float64(1.0)  # noqa: E731
+    llm = llama_np.load(gqa_dir[0], kernels="numpy")
     seen: list[str] = []
-    monkeypatch.setattr(model_module, "rmsnorm", _guard("rmsnorm", bad, seen))
+    guard_model(llm.model, seen, monkeypatch)
+    inner = llm.model.ops.rmsnorm
+    bad = lambda x, w, eps: inner(x, w, eps) * np.float64(1)  # noqa: E731
+    monkeypatch.setattr(llm.model.ops, "rmsnorm", bad)
     with pytest.raises(AssertionError, match="float64"):
         llm.logits([1, 2, 3])
 

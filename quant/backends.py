@@ -1,0 +1,105 @@
+"""Kernel backends: who multiplies the matrices and reads the KV cache, chosen once, at load.
+
+- numpy: the readable reference, always present. Block formats keep transposed tiles with
+  float32 scales (quant.blocks); quantized kernels run on the process team.
+- numba: compiled kernels (quant.compiled), an optional extra (`pip install
+  'llama-np[fast]'`). Block formats keep groups of 4 interleaved rows with float16 scales;
+  keys are stored in tiles of 16 slots.
+
+A backend decides the in-memory layout of every matrix (its Weight classes) and of the
+keys in the KV cache; the meter counts whatever that layout really occupies, and the
+speed-of-light model asks the backend for the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .base import Weight
+from .errors import QuantError
+
+KERNELS = ("auto", "numpy", "numba")
+INSTALL_HINT = "pip install 'llama-np[fast]' (or pip install numba)"
+
+
+class BackendUnavailable(QuantError):
+    """The compiled backend was asked for and cannot run here: a usage error (exit 2)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # "numpy" or "numba"
+    formats: Mapping[str, type[Weight]]  # format name -> this backend's class
+    tiled_keys: bool  # keys stored in tiles of 16 slots (quant.kv)
+
+    def weight_class(self, fmt: str) -> type[Weight]:
+        try:
+            return self.formats[fmt]
+        except KeyError:
+            known = ", ".join(self.formats)
+            raise QuantError(f"unknown weight format {fmt!r} (known: {known})") from None
+
+    def convert(self, w: Weight, fmt: str | None = None) -> Weight:
+        """`w` in format `fmt` (default: its own) and this backend's layout: `w` itself when
+        it is both already; the same codes re-laid when only the layout differs (a stored
+        tensor is never quantized again); quantized from its values otherwise."""
+        cls = self.weight_class(fmt or w.fmt)
+        if type(w) is cls:
+            return w
+        if w.fmt == cls.fmt:
+            return cls.from_arrays(w.shape, w.export())
+        return cls.from_float(w.dequantize())
+
+    def threading(self) -> str:
+        """What runs the kernels, for the summary line and bench rows."""
+        if self.name == "numba":
+            from . import compiled
+
+            return f"numba {compiled.threading_layer()}"
+        return "numpy"
+
+
+@functools.cache
+def numpy_backend() -> Backend:
+    from . import FORMATS
+
+    return Backend("numpy", FORMATS, tiled_keys=False)
+
+
+def numba_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
+
+
+@functools.cache
+def numba_backend() -> Backend:
+    """The compiled backend, its kernels compiled (or loaded from the disk cache) for every
+    format now: a kernel that cannot be compiled on this CPU fails here, in one line."""
+    try:
+        from . import compiled
+    except ImportError as e:
+        raise BackendUnavailable(f"--kernels numba needs numba ({e}): {INSTALL_HINT}") from None
+    from .kv import KV_FORMATS
+
+    try:
+        compiled.warm_up(list(compiled.FORMATS), list(KV_FORMATS))
+    except Exception as e:  # numba's compile errors have no common base class
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None
+    return Backend("numba", compiled.FORMATS, tiled_keys=True)
+
+
+def get_backend(kernels: str = "auto") -> Backend:
+    """ "auto": numba when it can be imported, else numpy."""
+    if kernels == "numpy":
+        return numpy_backend()
+    if kernels == "numba":
+        return numba_backend()
+    if kernels == "auto":
+        return numba_backend() if numba_importable() else numpy_backend()
+    raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")

@@ -1,0 +1,41 @@
+"""The compiled kernel backend (numba): decode kernels that read every weight format and
+the KV cache in their stored form at memory speed, on all cores.
+
+Importing this package imports numba; `quant.backends` imports it only when asked for,
+so everything works without numba, in NumPy.
+"""
+
+from __future__ import annotations
+
+from .jit import set_threads, threading_layer
+from .weights import FORMATS
+
+__all__ = ["FORMATS", "set_threads", "threading_layer"]
+
+
+def warm_up(formats: list[str], kv_formats: list[str]) -> None:
+    """Compile (or load from the disk cache) the kernels for these weight and KV formats
+    now, on tiny inputs, so that a kernel that cannot be compiled on this CPU fails at
+    load with one clear error, and the first token does not pay the compile time."""
+    import numpy as np
+
+    from ..kv import KV_FORMATS
+    from . import attention, ops
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(64).astype(np.float32)
+    for fmt in formats:
+        w = FORMATS[fmt].from_float(rng.standard_normal((5, 64)).astype(np.float32))
+        w.matvec(x)
+        w.matmul(x[None].repeat(2, 0))
+        w.rows(np.array([1]))
+    out = np.empty(64, np.float32)
+    ops.rmsnorm(x, x, 1e-5, out)
+    ops.swiglu(x, out[:32])
+    cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
+    for kv in kv_formats:
+        keys, values = KV_FORMATS[kv](1, 16, 32, tiled=True), KV_FORMATS[kv](1, 16, 32)
+        qkv = rng.standard_normal(3 * 32).astype(np.float32)
+        attention.attend(
+            qkv, cos, sin, tuple(keys.arrays()), tuple(values.arrays()), 0, 1, out[:32]
+        )

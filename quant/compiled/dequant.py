@@ -1,0 +1,48 @@
+"""Prefill and lookup kernels: stored codes to float32 rows, exactly as the formats define
+them (bit for bit what gguf.quants gives), for BLAS to multiply or an embedding to use."""
+
+from __future__ import annotations
+
+from numba import prange
+
+from .jit import f16, hi4, i8, kernel, lo4
+from .matvec import GROUP
+
+
+@kernel(parallel=True)
+def dequant_f16(bits, out):
+    """bits (rows, cols) float16 patterns -> out (rows, cols) float32"""
+    for r in prange(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            out[r, j] = f16(bits[r, j])
+
+
+@kernel(parallel=True)
+def dequant_q8_0(codes, scales, g0, g1, out):
+    """Groups g0:g1 of a grouped q8_0 matrix -> out (GROUP * (g1 - g0), cols): x = d q"""
+    nb = scales.shape[1] // GROUP
+    for g in prange(g0, g1):
+        q, s = codes[g], scales[g]
+        for b in range(nb):
+            for i in range(GROUP):
+                d = f16(s[GROUP * b + i])
+                row = GROUP * (g - g0) + i
+                for j in range(32):
+                    out[row, 32 * b + j] = d * i8(q[128 * b + 32 * i + j])
+
+
+@kernel(parallel=True)
+def dequant_q4(codes, scales, mins, factor, g0, g1, out):
+    """Groups g0:g1 of a grouped q4_0 / q4_1 matrix -> out (GROUP * (g1 - g0), cols):
+    x = d q + factor m  (q4_1: factor 1, m its minimum; q4_0: factor -8, m = d)"""
+    nb = scales.shape[1] // GROUP
+    for g in prange(g0, g1):
+        q, s, mg = codes[g], scales[g], mins[g]
+        for b in range(nb):
+            for i in range(GROUP):
+                d, m = f16(s[GROUP * b + i]), factor * f16(mg[GROUP * b + i])
+                row = GROUP * (g - g0) + i
+                for j in range(16):
+                    byte = q[64 * b + 16 * i + j]
+                    out[row, 32 * b + j] = d * lo4(byte) + m
+                    out[row, 32 * b + 16 + j] = d * hi4(byte) + m

@@ -1,0 +1,311 @@
+"""What every compiled kernel shares: numba set up once, and the few LLVM instructions
+NumPy-style numba code cannot express.
+
+Threads: numba's OpenMP threading layer, on purpose. Its threads spin for a while after a
+parallel loop ends, so the next kernel of a decode step starts in ~1 us instead of paying
+a wake-up (~60 us per call with the default workqueue layer on these machines, and a
+token of SmolLM2 makes ~150 kernel calls). GOMP_SPINCOUNT bounds that spin to ~1 ms, so
+an idle llama-np (between chat turns) gives its cores back almost at once. When OpenMP
+cannot be loaded, numba falls back to its workqueue layer, and `threading_layer()` says so.
+
+Kernels are compiled on first use and cached on disk (`cache=True`): only the first run
+on a machine pays the compile time.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Read by libgomp when numba first loads its OpenMP pool: spin ~1 ms before sleeping
+# (the default, 300,000 spins, measured ~10 ms of a busy core here after the last call).
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.cpu_options import ParallelOptions
+from numba.core.errors import RequireLiteralValue
+from numba.core.extending import intrinsic
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "default"
+    numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
+
+# Only explicit prange loops run in parallel. By default numba also turns every array
+# expression of a parallel function (np.zeros, a[:] = 0, x.copy()) into a parallel loop
+# of its own: ten of them cost a decode attention ~25 us in thread hand-overs. Given as
+# an options object, not a dict: numba pops the keys of a dict as it reads them, so a
+# function's second specialization would get the defaults back (numba 0.68).
+PRANGE_ONLY = ParallelOptions(
+    dict.fromkeys(
+        ("comprehension", "reduction", "inplace_binop", "setitem", "numpy", "stencil", "fusion"),
+        False,
+    )
+    | {"prange": True}
+)
+
+# Floating-point freedoms the kernels may use: fused multiply-add and reassociated sums
+# (the vector lanes), never the ones that change results on NaN, infinity or division.
+FASTMATH = {"contract", "reassoc", "nsz"}
+
+
+def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
+    """@kernel: compiled with numba, cached on disk, float32 fast math as above.
+    `inline`: a helper inlined into its callers (numba compiles each function on its own,
+    and LLVM never inlines across them: a helper called in a hot loop must be inlined to
+    vectorize with it)."""
+
+    options = dict(fastmath=FASTMATH, cache=True, nogil=True)
+    options |= dict(parallel=PRANGE_ONLY if parallel else False)
+    options |= dict(inline="always" if inline else "never")
+
+    def wrap(f):
+        return numba.njit(f, **options)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def threading_layer() -> str:
+    """The layer numba's parallel kernels run on ('omp', 'workqueue' or 'tbb'); known
+    once a parallel kernel has run."""
+    from numba.np.ufunc import parallel
+
+    try:
+        return parallel.threading_layer()
+    except ValueError:
+        return "not started"
+
+
+def set_threads(n: int) -> int:
+    """Threads the parallel kernels use (at most the number numba started with)."""
+    n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+# --- LLVM instructions for the kernels -------------------------------------------------
+
+
+@intrinsic
+def stack_f32(typingctx, n):
+    """A pointer to `n` (a constant) float32 on the stack. Accumulators kept there never
+    alias an argument, so LLVM keeps them in vector registers; an array from np.empty
+    lives on the heap and is stored back on every step."""
+    if not isinstance(n, types.IntegerLiteral):
+        raise RequireLiteralValue(n)
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
+
+    return types.CPointer(types.float32)(n), codegen
+
+
+@intrinsic
+def f16(typingctx, bits):
+    """float16 bits (uint16) -> float32: one vcvtph2ps."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def bf16(typingctx, bits):
+    """bfloat16 bits (uint16) -> float32: the top half of a float32."""
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def to_f16(typingctx, x):
+    """float32 -> float16 bits (uint16), rounded to nearest even as NumPy's astype."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def pow2(typingctx, n):
+    """2.0 ** n as float32 for an integer -126 <= n <= 127, built from its bits."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        e = builder.add(args[0], ir.Constant(i32, 127))
+        return builder.bitcast(builder.shl(e, ir.Constant(i32, 23)), ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def f16x4(typingctx, src, i, dst):
+    """dst[0:4] = the float16 values src[i:i+4] as float32, in one vector conversion. A
+    scalar float16 load is an insert into a vector register that LLVM merges with whatever
+    the register held, which chains every block's scale to the previous accumulator."""
+
+    def codegen(context, builder, sig, args):
+        s = context.make_array(sig.args[0])(context, builder, args[0])
+        d = context.make_array(sig.args[2])(context, builder, args[2])
+        half4 = ir.VectorType(ir.HalfType(), 4)
+        v = builder.load(builder.bitcast(builder.gep(s.data, [args[1]]), half4.as_pointer()))
+        f = builder.fpext(v, ir.VectorType(ir.FloatType(), 4))
+        builder.store(f, builder.bitcast(d.data, f.type.as_pointer()))
+
+    return types.void(src, types.intp, dst), codegen
+
+
+# Numba widens uint8 arithmetic to int64, and LLVM then converts int64 to float (eight
+# lanes per instruction, not sixteen): these stay in 8 bits up to the conversion.
+
+
+@intrinsic
+def lo4(typingctx, q):
+    """The low nibble of a byte, as float32."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(builder.and_(args[0], ir.Constant(args[0].type, 15)), ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def hi4(typingctx, q):
+    """The high nibble of a byte, as float32."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(builder.lshr(args[0], ir.Constant(args[0].type, 4)), ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def u8(typingctx, q):
+    """A byte as float32 (its unsigned value)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(args[0], ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def i8(typingctx, q):
+    """A byte as float32, read as a signed int8."""
+
+    def codegen(context, builder, signature, args):
+        return builder.sitofp(args[0], ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+# --- sixteen float32 lanes -----------------------------------------------------------
+# Where a loop must run across 16 lanes that LLVM would rather unroll and reduce one by
+# one (16 scores of a tile of keys), these say it directly: one vector instruction each.
+
+LANES = 16
+
+
+def _lanes(builder, ary, offset, kind: str):
+    """Sixteen elements of `ary` from flat index `offset`, as a <16 x float>."""
+    elem = {"f32": ir.FloatType(), "f16": ir.HalfType(), "i8": ir.IntType(8)}[kind]
+    ptr = builder.gep(ary.data, [offset])
+    v = builder.load(builder.bitcast(ptr, ir.VectorType(elem, LANES).as_pointer()), align=1)
+    f32x16 = ir.VectorType(ir.FloatType(), LANES)
+    if kind == "f16":
+        return builder.fpext(v, f32x16)
+    if kind == "i8":
+        return builder.sitofp(v, f32x16)
+    return v
+
+
+def _splat(builder, x):
+    vt = ir.VectorType(x.type, LANES)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        one, ir.Constant(vt, ir.Undefined), ir.Constant(vt.__class__(ir.IntType(32), LANES), None)
+    )
+
+
+def _fma_lanes(kind: str):
+    def fma16(typingctx, acc, at, a, src, offset):
+        """acc.flat[at:at + 16] += a * src.flat[offset:offset + 16]: `a` a float32, or an
+        array whose first 16 elements are used; src float32, float16 bits or int8 codes,
+        by `kind`. Arrays must be C-contiguous."""
+        scalar = isinstance(a, types.Float)
+
+        def codegen(context, builder, sig, args):
+            acc_ary = context.make_array(sig.args[0])(context, builder, args[0])
+            f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+            acc_ptr = builder.bitcast(builder.gep(acc_ary.data, [args[1]]), f32x16)
+            if scalar:
+                av = _splat(builder, args[2])
+            else:
+                a_ary = context.make_array(sig.args[2])(context, builder, args[2])
+                av = _lanes(builder, a_ary, ir.Constant(ir.IntType(64), 0), "f32")
+            src_ary = context.make_array(sig.args[3])(context, builder, args[3])
+            src = _lanes(builder, src_ary, args[4], kind)
+            product = builder.fmul(av, src, flags=["contract"])
+            total = builder.fadd(builder.load(acc_ptr, align=4), product, flags=["contract"])
+            builder.store(total, acc_ptr, align=4)
+
+        return types.void(acc, types.intp, a, src, types.intp), codegen
+
+    fma16.__name__ = f"fma16_{kind}"
+    return intrinsic(fma16)
+
+
+fma16 = _fma_lanes("f32")  # acc[at:at + 16] += a * src[offset:offset + 16]
+fma16_f16 = _fma_lanes("f16")  # ... with src float16 bits
+fma16_i8 = _fma_lanes("i8")  # ... with src int8 codes
+
+
+@intrinsic
+def add16(typingctx, dst, at, src, src_at):
+    """dst.flat[at:at + 16] += src.flat[src_at:src_at + 16] (float32, C-contiguous)."""
+
+    def codegen(context, builder, sig, args):
+        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[2])(context, builder, args[2])
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
+        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        total = builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4))
+        builder.store(total, dp, align=4)
+
+    return types.void(dst, types.intp, src, types.intp), codegen
+
+
+@intrinsic
+def set16(typingctx, dst, at, src, src_at):
+    """dst.flat[at:at + 16] = src.flat[src_at:src_at + 16] (float32, C-contiguous)."""
+
+    def codegen(context, builder, sig, args):
+        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[2])(context, builder, args[2])
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
+        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        builder.store(builder.load(sp, align=4), dp, align=4)
+
+    return types.void(dst, types.intp, src, types.intp), codegen
+
+
+@intrinsic
+def zero16(typingctx, dst, at):
+    """dst.flat[at:at + 16] = 0 (float32, C-contiguous)."""
+
+    def codegen(context, builder, sig, args):
+        f32x16 = ir.VectorType(ir.FloatType(), LANES)
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16.as_pointer())
+        builder.store(ir.Constant(f32x16, None), dp, align=4)
+
+    return types.void(dst, types.intp), codegen

@@ -1,0 +1,158 @@
+"""Decode kernels: y = W @ x for one float32 vector x, one per weight format, reading the
+stored codes and scales directly (no float32 copy of any tile), rows split across threads.
+
+The loop shape that runs at memory speed (DESIGN.md section 4): a row keeps a vector of
+float32 accumulator lanes on the stack, adds `scale * (code * x)` lane by lane block after
+block, and sums its lanes once at the end. One scalar sum per block instead makes LLVM
+vectorize across blocks with gathers, 8x slower.
+
+Block formats are stored in groups of GROUP = 4 rows, interleaved block by block (as
+llama.cpp repacks Q4_0 for its fast CPU paths): for each block b, the codes of the four
+rows follow each other, then the next block. A thread then streams one contiguous run of
+memory (four separate row streams of 2 KiB each measured 1.4x slower from DRAM), each x
+value it loads serves four rows, and four independent accumulator chains hide the
+latency of the fused multiply-adds. The four scales of a block are converted from float16
+in one instruction (`f16x4`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, prange
+
+from .jit import bf16, f16, f16x4, i8, kernel, lo4, stack_f32, u8
+
+GROUP = 4  # rows interleaved in a block format's compiled layout
+CHUNK = 16  # rows per unit of parallel work
+
+
+@kernel(inline=True)
+def lane_sum(acc, at):
+    """acc[at] + ... + acc[at + 15]"""
+    s = np.float32(0)
+    for j in range(16):
+        s += acc[at + j]
+    return s
+
+
+@kernel(parallel=True)
+def matvec_f32(w, x, out):
+    """w (rows, cols) float32; x (cols,); out (rows,)"""
+    rows, cols = w.shape
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
+            s = np.float32(0)
+            for j in range(cols):
+                s += w[r, j] * x[j]
+            out[r] = s
+
+
+@kernel(parallel=True)
+def matvec_f16(bits, x, out):
+    """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,)"""
+    rows, cols = bits.shape
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
+            s = np.float32(0)
+            for j in range(cols):
+                s += f16(bits[r, j]) * x[j]
+            out[r] = s
+
+
+@kernel(parallel=True)
+def matvec_bf16(bits, x, out):
+    """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,)"""
+    rows, cols = bits.shape
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
+            s = np.float32(0)
+            for j in range(cols):
+                s += bf16(bits[r, j]) * x[j]
+            out[r] = s
+
+
+@kernel(parallel=True)
+def matvec_q8_0(codes, scales, x, out):
+    """codes (G, nb * 4 * 32) int8 as uint8, per block the 4 rows' 32 codes;
+    scales (G, nb * 4) float16 bits; x (nb * 32,); out (rows <= 4 G,)
+    y = sum_b d_b * (q_b . x_b)"""
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    per = CHUNK // GROUP
+    for c in prange((groups + per - 1) // per):
+        acc = carray(stack_f32(64), 64)  # 16 lanes for each of the 4 rows
+        d = carray(stack_f32(4), 4)
+        for g in range(c * per, min(groups, c * per + per)):
+            for j in range(64):
+                acc[j] = 0
+            q, s = codes[g], scales[g]
+            for b in range(nb):
+                f16x4(s, 4 * b, d)
+                o = 128 * b
+                for j in range(16):
+                    lo, hi = x[32 * b + j], x[32 * b + 16 + j]
+                    acc[j] += d[0] * (i8(q[o + j]) * lo + i8(q[o + 16 + j]) * hi)
+                    acc[16 + j] += d[1] * (i8(q[o + 32 + j]) * lo + i8(q[o + 48 + j]) * hi)
+                    acc[32 + j] += d[2] * (i8(q[o + 64 + j]) * lo + i8(q[o + 80 + j]) * hi)
+                    acc[48 + j] += d[3] * (i8(q[o + 96 + j]) * lo + i8(q[o + 112 + j]) * hi)
+            for i in range(min(GROUP, rows - GROUP * g)):
+                out[GROUP * g + i] = lane_sum(acc, 16 * i)
+
+
+@kernel
+def nibble_operands(x, xa, xb, xs):
+    """x transformed once per call for 4-bit codes. With a = x[j], b = x[j + 16] of a block
+    and byte = lo + 16 hi:  lo a + hi b = lo (a - b/16) + byte (b/16),
+    so a kernel converts the low nibble and the whole byte, never the shifted high one.
+    xa, xb (nb * 16,) get a - b/16 and b/16; xs (nb,) the block sums of x."""
+    for b in range(xs.shape[0]):
+        s = np.float32(0)
+        for j in range(16):
+            a, h = x[32 * b + j], x[32 * b + 16 + j]
+            xb[16 * b + j] = h * np.float32(1 / 16)
+            xa[16 * b + j] = a - xb[16 * b + j]
+            s += a + h
+        xs[b] = s
+
+
+@kernel(parallel=True)
+def matvec_q4(codes, scales, mins, factor, x, out):
+    """codes (G, nb * 4 * 16) uint8, per block the 4 rows' 16 bytes (element j in the low
+    nibble of byte j, element j + 16 in the high one); scales, mins (G, nb * 4) float16 bits;
+    x (nb * 32,); out (rows <= 4 G,)
+    y = sum_b d_b (q_b . x_b) + factor * m_b * sum(x_b):
+    q4_1 passes its mins and factor 1; q4_0 (x = d (q - 8)) its scales and factor -8."""
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    xa, xb, xs = (
+        np.empty(16 * nb, np.float32),
+        np.empty(16 * nb, np.float32),
+        np.empty(nb, np.float32),
+    )
+    nibble_operands(x, xa, xb, xs)
+    per = CHUNK // GROUP
+    for c in prange((groups + per - 1) // per):
+        acc = carray(stack_f32(64), 64)
+        corr = carray(stack_f32(4), 4)
+        d = carray(stack_f32(4), 4)
+        m = carray(stack_f32(4), 4)
+        for g in range(c * per, min(groups, c * per + per)):
+            for j in range(64):
+                acc[j] = 0
+            for i in range(4):
+                corr[i] = 0
+            q, s, mg = codes[g], scales[g], mins[g]
+            for b in range(nb):
+                f16x4(s, 4 * b, d)
+                f16x4(mg, 4 * b, m)
+                for i in range(4):
+                    corr[i] += m[i] * xs[b]
+                o = 64 * b
+                for j in range(16):
+                    a, h = xa[16 * b + j], xb[16 * b + j]
+                    acc[j] += d[0] * (lo4(q[o + j]) * a + u8(q[o + j]) * h)
+                    acc[16 + j] += d[1] * (lo4(q[o + 16 + j]) * a + u8(q[o + 16 + j]) * h)
+                    acc[32 + j] += d[2] * (lo4(q[o + 32 + j]) * a + u8(q[o + 32 + j]) * h)
+                    acc[48 + j] += d[3] * (lo4(q[o + 48 + j]) * a + u8(q[o + 48 + j]) * h)
+            for i in range(min(GROUP, rows - GROUP * g)):
+                out[GROUP * g + i] = lane_sum(acc, 16 * i) + factor * corr[i]

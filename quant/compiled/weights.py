@@ -1,0 +1,218 @@
+"""The weight formats in the compiled backend's memory layout, multiplied by its kernels.
+
+Each class is its NumPy counterpart's format (the same codes and quantization, the same
+GGUF blocks and checkpoint arrays at rest) with another layout in memory:
+
+- f32, f16, bf16: row-major, as stored. f16 and bf16 stay 16-bit: the kernel widens each
+  weight in a register.
+- q8_0, q4_0, q4_1: groups of 4 rows interleaved block by block (matvec.py says why), with
+  float16 scales and mins kept float16, so a weight costs the format's own 8.5, 4.5 or 5.0
+  bits. A row count that is not a multiple of 4 is padded with zero rows, and `nbytes`
+  counts them: the kernel reads them.
+
+Decode calls one parallel kernel per matrix. Prefill dequantizes row tiles into a
+float32 buffer and multiplies them with BLAS: it is compute-bound, and sgemm is the
+fastest matrix product NumPy has.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from ..base import Weight
+from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
+from ..errors import QuantError
+from ..floats import BF16Weight, F16Weight, F32Weight
+from . import dequant, matvec
+from .matvec import GROUP
+
+# Weights dequantized per tile in prefill: a 4 MiB float32 tile stays in the L2/L3 caches.
+TILE_WEIGHTS = 1 << 20
+
+
+def to_groups(a: np.ndarray, per_block: int) -> np.ndarray:
+    """(rows, nb * per_block) row-major -> (G, nb * GROUP * per_block): for each group of
+    GROUP rows and each block, the rows' `per_block` entries one after the other. Rows are
+    padded with zeros to a multiple of GROUP."""
+    rows, n = a.shape
+    groups, nb = -(-rows // GROUP), n // per_block
+    padded = np.zeros((groups * GROUP, n), a.dtype)
+    padded[:rows] = a
+    grouped = padded.reshape(groups, GROUP, nb, per_block).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(grouped).reshape(groups, -1)
+
+
+def from_groups(a: np.ndarray, rows: int, per_block: int) -> np.ndarray:
+    """The inverse of to_groups: (rows, nb * per_block)."""
+    groups = a.shape[0]
+    nb = a.shape[1] // (GROUP * per_block)
+    rowwise = a.reshape(groups, nb, GROUP, per_block).transpose(0, 2, 1, 3)
+    return rowwise.reshape(groups * GROUP, nb * per_block)[:rows]
+
+
+def f16_bits(a: np.ndarray) -> np.ndarray:
+    """Float16 values (float16, or float32 holding float16 values) as their raw bits."""
+    return np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
+
+
+class CompiledMatrix:
+    """The compiled side of the Weight interface: matvec and matmul run the kernels here,
+    on the threads numba runs; the NumPy process team never sees these matrices."""
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(self.shape[0], np.float32)
+        self.matvec_into(x, out)
+        return out
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        self.matmul_rows(x, 0, self.shape[0], out)
+        return out
+
+    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        if (r0, r1) != (0, self.shape[0]):
+            raise QuantError("compiled kernels take a whole matrix")
+        self.matvec_into(x, out)
+
+    def splits(self) -> list[int]:
+        return [0, self.shape[0]]
+
+
+class CF32Weight(CompiledMatrix, F32Weight):
+    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matvec.matvec_f32(self.w, x, out)
+
+
+class CF16Weight(CompiledMatrix, F16Weight):
+    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matvec.matvec_f16(self.bits, x, out)
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        rows = self.bits[r0:r1]
+        out = np.empty(rows.shape, np.float32)
+        dequant.dequant_f16(rows, out)
+        return out
+
+
+class CBF16Weight(CompiledMatrix, BF16Weight):
+    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matvec.matvec_bf16(self.bits, x, out)
+
+
+class CompiledBlockWeight(CompiledMatrix, BlockWeight):
+    """q8_0, q4_0, q4_1 in groups of GROUP rows (see the module docstring)."""
+
+    mins_factor: ClassVar[float]  # q4 kernels: y += factor * m * sum(x_b)
+
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        codes: np.ndarray,
+        scales: np.ndarray,
+        mins: np.ndarray | None = None,
+    ) -> None:
+        Weight.__init__(self, shape)
+        rows, cols = self.shape
+        if cols % BLOCK:
+            raise QuantError(f"{self.fmt}: the input dimension {cols} is not a multiple of {BLOCK}")
+        nb = cols // BLOCK
+        if codes.shape != (rows, nb * self.code_bytes) or scales.shape != (rows, nb):
+            raise QuantError(
+                f"{self.fmt}: codes {codes.shape} / scales {scales.shape} do not fit {shape}"
+            )
+        self.nb = nb
+        self.codes = to_groups(np.ascontiguousarray(codes).view(np.uint8), self.code_bytes)
+        self.scales = to_groups(f16_bits(scales), 1)
+        self.mins = None if mins is None else to_groups(f16_bits(mins), 1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"codes": self.codes, "scales": self.scales}
+        return out | ({} if self.mins is None else {"mins": self.mins})
+
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        self.codes = arrays.get("codes", self.codes)
+        self.scales = arrays.get("scales", self.scales)
+        if self.mins is not None:
+            self.mins = arrays.get("mins", self.mins)
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        """Codes and float16 scales (and mins) of the rows padded to a multiple of GROUP."""
+        rows, cols = shape
+        per_block = cls.code_bytes + 2 * (2 if cls.has_min else 1)
+        return -(-rows // GROUP) * GROUP * (cols // BLOCK) * per_block
+
+    def export(self) -> dict[str, np.ndarray]:
+        rows = self.shape[0]
+        out = {
+            "codes": from_groups(self.codes, rows, self.code_bytes),
+            "scales": from_groups(self.scales, rows, 1).view(np.float16),
+        }
+        if self.mins is not None:
+            out["mins"] = from_groups(self.mins, rows, 1).view(np.float16)
+        return out
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        r1 = self.shape[0] if r1 is None else r1
+        if r1 <= r0:
+            return np.empty((0, self.shape[1]), np.float32)
+        g0, g1 = r0 // GROUP, -(-r1 // GROUP)
+        tile = np.empty((GROUP * (g1 - g0), self.shape[1]), np.float32)
+        self.dequantize_groups(g0, g1, tile)
+        return tile[r0 - GROUP * g0 : r1 - GROUP * g0]
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        """Tile by tile: dequantize groups of rows into a float32 buffer, then one sgemm."""
+        rows, cols = self.shape
+        per_tile = max(1, TILE_WEIGHTS // (GROUP * cols))
+        buf = np.empty((GROUP * per_tile, cols), np.float32)
+        for g0 in range(0, self.codes.shape[0], per_tile):
+            g1 = min(self.codes.shape[0], g0 + per_tile)
+            a, b = GROUP * g0, min(rows, GROUP * g1)
+            tile = buf[: GROUP * (g1 - g0)]
+            self.dequantize_groups(g0, g1, tile)
+            np.matmul(x, tile[: b - a].T, out=out[:, a:b])
+
+
+class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
+    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matvec.matvec_q8_0(self.codes, self.scales, x, out)
+
+    def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
+        dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
+
+
+class CompiledNibbleWeight(CompiledBlockWeight):
+    """q4_0 and q4_1 share one kernel: q4_0 is q4_1 with m = -8 d."""
+
+    def _mins(self) -> tuple[np.ndarray, np.float32]:
+        if self.mins is None:
+            return self.scales, np.float32(self.offset)
+        return self.mins, np.float32(1.0)
+
+    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        mins, factor = self._mins()
+        matvec.matvec_q4(self.codes, self.scales, mins, factor, x, out)
+
+    def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
+        mins, factor = self._mins()
+        dequant.dequant_q4(self.codes, self.scales, mins, factor, g0, g1, out)
+
+
+class CQ4_0Weight(CompiledNibbleWeight, Q4_0Weight):
+    pass
+
+
+class CQ4_1Weight(CompiledNibbleWeight, Q4_1Weight):
+    pass
+
+
+FORMATS: dict[str, type[Weight]] = {
+    cls.fmt: cls
+    for cls in (CF32Weight, CF16Weight, CBF16Weight, CQ8_0Weight, CQ4_0Weight, CQ4_1Weight)
+}
