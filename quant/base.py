@@ -57,8 +57,9 @@ class Weight(ABC):
 
     @property
     def row_nbytes(self) -> int:
-        """Bytes one row occupies (an embedding lookup reads one row)."""
-        return self.nbytes // self.shape[0]
+        """Bytes an embedding lookup of one row reads: the row, or, in a layout that
+        interleaves rows, the cache lines it shares with its neighbours."""
+        return type(self).nbytes_for((1, self.shape[1]))
 
     def export(self) -> dict[str, np.ndarray]:
         """The arrays to save at rest, which `from_arrays` reads back. The in-memory layout

@@ -10,8 +10,6 @@ piece keeps its own running maximum and sum, and the pieces are merged at the en
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import carray, prange
 from numba.extending import overload
@@ -310,7 +308,7 @@ def attend(qkv, cos, sin, keys, values, slot, n, out):
     n_heads = (qkv.shape[0] - 2 * n_kv * hd) // hd
     rep = n_heads // n_kv
     q = qkv[: n_heads * hd].copy()
-    scale = np.float32(1 / math.sqrt(hd))
+    scale = np.float32(1) / np.sqrt(np.float32(hd))
     for hq in range(n_heads):
         rope(q[hq * hd : (hq + 1) * hd], cos, sin)
         for j in range(hd):

@@ -10,6 +10,7 @@ import pytest
 
 from bench.sol import Shape, estimate
 from llama_np.benchmark import random_model
+from quant.backends import get_backend
 
 SHAPES = {
     "gqa_untied": Shape("gqa_untied", 64, 2, 4, 2, 32, 96, 100),
@@ -20,18 +21,22 @@ WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]
 KV = ["f32", "f16", "q8_0"]
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
 @pytest.mark.parametrize(("name", "fmt", "kv"), list(itertools.product(SHAPES, WEIGHTS, KV)))
-def test_meter_equals_speed_of_light_bytes(name, fmt, kv):
+def test_meter_equals_speed_of_light_bytes(name, fmt, kv, kernels):
+    """Both backends, whose layouts differ (float32 or float16 scales, rows padded to
+    groups of 4, keys read in tiles of 16): each meter equals its own model."""
     shape = SHAPES[name]
     head = "q8_0" if fmt == "q4_1" else None  # the LM head in its own format, as in GGUFs
-    model = random_model(shape, fmt, head)
+    model = random_model(shape, fmt, head, get_backend(kernels))
     cache = model.new_cache(64, kv=kv)
     model.forward(np.array([1, 2, 3]), cache)  # prefill positions 0-2
     for pos in range(3, 14):  # before and after the window of 8
         model.forward(np.array([pos % shape.vocab]), cache)
         step = model.meter.last
         assert step.kind == "decode" and step.pos == pos
-        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=model.weights.embed.fmt)
+        embed = model.weights.embed.fmt
+        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=embed, kernels=kernels)
         assert step.reads == est.reads, f"position {pos}"
         assert step.writes["kv_cache"] == est.kv_write_bytes
 

@@ -22,6 +22,57 @@ def test_generate_streams_text_and_a_summary(gqa_dir, capsys):
     assert re.search(r"prompt \d+ tokens, prefill [\d.]+ tok/s", last)
     assert re.search(r"generated 12 tokens, decode [\d.]+ ms/token", last)
     assert "GB/s" in last
+    assert re.search(r"\| numba (omp|workqueue|tbb), \d+ threads \|", last)  # what ran
+
+
+def test_the_numpy_kernels_say_so(gqa_dir, capsys):
+    args = ["generate", "-m", str(gqa_dir[0]), "-p", "Hi", "-n", "3", "--kernels", "numpy"]
+    assert main(args) == 0
+    assert re.search(r"\| numpy(, BLAS \d+ threads)? \|", capsys.readouterr().err)
+
+
+def run_without_numba(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in a Python where `import numba` fails, as without the fast extra."""
+    code = "import sys; sys.modules['numba'] = None; from llama_np.cli import main; "
+    code += f"sys.exit(main({list(args)!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_without_numba_asking_for_it_is_one_line_and_status_2(gqa_dir):
+    r = run_without_numba("generate", "-m", str(gqa_dir[0]), "-p", "Hi", "--kernels", "numba")
+    assert r.returncode == 2
+    assert "pip install 'llama-np[fast]'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_without_numba_auto_runs_numpy(gqa_dir):
+    r = run_without_numba("generate", "-m", str(gqa_dir[0]), "-p", "Hi", "-n", "3")
+    assert r.returncode == 0, r.stderr
+    assert "| numpy" in r.stderr and "note" not in r.stderr
+
+
+def test_kernels_that_fail_to_compile_are_a_clear_error(gqa_dir, capsys, monkeypatch):
+    """A CPU numba cannot compile for: one line and status 2 when asked for by name; a
+    note and the NumPy kernels under auto."""
+    from quant import backends, compiled
+
+    def fail(*args):
+        raise RuntimeError("LLVM ERROR: Cannot select: intrinsic %llvm.x86.avx512\nmore lines")
+
+    monkeypatch.setattr(compiled, "warm_up", fail)
+    backends.numba_backend.cache_clear()
+    try:
+        args = ["generate", "-m", str(gqa_dir[0]), "-p", "Hi", "-n", "2"]
+        assert main([*args, "--kernels", "numba"]) == 2
+        err = capsys.readouterr().err
+        assert "failed to compile here: LLVM ERROR: Cannot select" in err
+        assert len(err.strip().splitlines()) == 1
+        assert main([*args, "--kernels", "auto"]) == 0
+        err = capsys.readouterr().err
+        assert "note: the numba kernels failed to compile" in err and "| numpy" in err
+    finally:
+        backends.numba_backend.cache_clear()
 
 
 def test_same_flags_same_text(gqa_dir, capsys):
@@ -36,7 +87,7 @@ def test_help_documents_every_flag_with_its_default():
     sub = build_parser()._subparsers._group_actions[0].choices["generate"]
     text = sub.format_help()
     flags = "-m -p -f -n --temp --top-k --top-p --min-p --repeat-penalty --seed -c --window -t"
-    for flag in (flags + " --stop --kv --weights").split():
+    for flag in (flags + " --stop --kv --weights --kernels").split():
         assert re.search(rf"(^|\s|,){re.escape(flag)}[\s,]", text), flag
     for action in sub._actions:
         if action.default not in (None, False, [], "==SUPPRESS==") and action.dest != "help":
@@ -57,6 +108,7 @@ def test_help_documents_every_flag_with_its_default():
         (["generate", "-m", "{model}"], 2, "give a prompt"),
         (["generate", "-m", "{model}", "-p", "hi", "--weights", "q9"], 2, "invalid choice: 'q9'"),
         (["generate", "-m", "{model}", "-p", "hi", "--kv", "q4_0"], 2, "invalid choice: 'q4_0'"),
+        (["generate", "-m", "{model}", "-p", "hi", "--kernels", "cuda"], 2, "invalid choice: 'cuda'"),
         (["generate", "-m", "{model}", "-p", "hi", "-n", "99999999999"], 2, "at most 10,000,000"),
         (["generate", "-m", "{model}", "-p", "hi", "--device", "gpu9"], 2, "unknown device 'gpu9'"),
         (["generate", "-m", "{model}", "-f", "/nonexistent.txt"], 2, "cannot read the prompt file"),

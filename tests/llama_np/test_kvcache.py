@@ -14,10 +14,16 @@ from tests.helpers import VOCAB, build_hf_model, hf_logits
 
 
 @pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
+def mistral_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("mistral")
-    ref = build_hf_model("mistral_window", d)  # window 8
-    return llama_np.load(d), ref
+    return d, build_hf_model("mistral_window", d)  # window 8
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def mistral(request, mistral_dir):
+    """The ring wraps many times in 40 tokens, on both kernel backends."""
+    d, ref = mistral_dir
+    return llama_np.load(d, kernels=request.param), ref
 
 
 def test_chunked_prefill_across_the_window_matches_transformers(mistral):

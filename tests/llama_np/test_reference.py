@@ -15,11 +15,16 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def pair(request, tmp_path_factory):
-    """(llama-np model, transformers model) on the same checkpoint."""
+def checkpoint(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
-    ref = build_hf_model(request.param, directory)
-    return llama_np.load(directory), ref
+    return directory, build_hf_model(request.param, directory)
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def pair(request, checkpoint):
+    """(llama-np model on one kernel backend, transformers model) on the same checkpoint."""
+    directory, ref = checkpoint
+    return llama_np.load(directory, kernels=request.param), ref
 
 
 def sequence(seed: int = 1) -> list[int]:

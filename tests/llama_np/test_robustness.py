@@ -90,3 +90,51 @@ def test_a_kv_cache_larger_than_memory_is_refused_before_allocation():
                         "max_position_embeddings": 10_000_000})  # fmt: skip
     with pytest.raises(UsageError, match="lower -c/--ctx-size or set --window"):
         KVCache(c, 10_000_000)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of a process so far, from the scheduler (ns resolution)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that just ended
+    return total / 1e9
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_an_idle_chat_gives_its_cores_back(smollm2_path, kernels):
+    """Between chat turns no kernel thread, OpenMP's, OpenBLAS's or the process team's,
+    keeps spinning: over a second of waiting for input the process uses < 20 ms of CPU."""
+    args = ["chat", "-m", str(smollm2_path), "-n", "16", "--temp", "0", "--kernels", kernels, "-v"]
+    p = _start(args)
+    try:
+        p.stdin.write(b"Tell me a story about a llama.\n")
+        p.stdin.flush()
+        while b"stop:" not in (line := p.stderr.readline()):  # the reply's summary line
+            assert line, "the chat ended"
+        time.sleep(0.1)  # what spins may spin a few ms after its last job
+        before = cpu_seconds(p.pid) + sum(cpu_seconds(c) for c in children(p.pid))
+        time.sleep(1.0)
+        after = cpu_seconds(p.pid) + sum(cpu_seconds(c) for c in children(p.pid))
+        assert after - before < 0.02, f"{1e3 * (after - before):.1f} ms of CPU while idle"
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+        p.stdout.close()
+        p.stderr.close()
+
+
+def children(pid: int) -> list[int]:
+    """Processes forked by `pid` (the NumPy backend's kernel team)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out

@@ -21,14 +21,20 @@ PROMPTS = [
 N_GREEDY = 48
 
 
-@pytest.fixture(scope="module")
-def native(smollm2_path):
-    return llama_np.load(smollm2_path)
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def kernels(request):
+    """Every test of the real model runs on both kernel backends."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def f32(smollm2_path):
-    return llama_np.load(smollm2_path, weights="f32")
+def native(smollm2_path, kernels):
+    return llama_np.load(smollm2_path, kernels=kernels)
+
+
+@pytest.fixture(scope="module")
+def f32(smollm2_path, kernels):
+    return llama_np.load(smollm2_path, weights="f32", kernels=kernels)
 
 
 def test_config_and_formats_from_gguf(native):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from quant import FORMATS, convert
+from quant.backends import get_backend
 from quant.blocks import TILE_WEIGHTS, plan_tiles
 from quant.floats import bf16_to_f32, f16_to_f32, f32_to_bf16
 
@@ -29,11 +30,13 @@ def reference(w, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(np.float64) @ dq.T, 1e-5 * (np.abs(x) @ np.abs(dq).T) + 1e-30
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
-def test_matvec_and_matmul_equal_dequantize_then_multiply(fmt, shape):
+def test_matvec_and_matmul_equal_dequantize_then_multiply(kernels, fmt, shape):
     rng = np.random.default_rng(sum(shape))
-    w = FORMATS[fmt].from_float(rng.standard_normal(shape).astype(np.float32))
+    cls = get_backend(kernels).weight_class(fmt)
+    w = cls.from_float(rng.standard_normal(shape).astype(np.float32))
     x = rng.standard_normal((5, shape[1])).astype(np.float32)
     ref, tol = reference(w, x)
     y = w.matvec(x[0])
@@ -64,12 +67,12 @@ def test_tiles_split_evenly_for_two_processes():
         assert max(t1 - t0 for t0, t1 in tiles) * cols <= max(TILE_WEIGHTS, 16 * cols) * 1.1
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_export_round_trip(fmt):
-    w = FORMATS[fmt].from_float(
-        np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
-    )
-    back = FORMATS[fmt].from_arrays(w.shape, w.export())
+def test_export_round_trip(kernels, fmt):
+    cls = get_backend(kernels).weight_class(fmt)
+    w = cls.from_float(np.random.default_rng(1).standard_normal((41, 96)).astype(np.float32))
+    back = cls.from_arrays(w.shape, w.export())
     np.testing.assert_array_equal(back.dequantize(), w.dequantize())
     assert back.nbytes == w.nbytes
 

@@ -1,0 +1,213 @@
+"""The compiled backend against the NumPy reference: the same formats bit for bit, the same
+products within float32 rounding, the same KV caches, and no float64 inside a kernel."""
+
+from __future__ import annotations
+
+import re
+
+import numba
+import numpy as np
+import pytest
+
+from quant import FORMATS as NUMPY
+from quant.backends import numba_backend
+from quant.compiled import FORMATS as COMPILED
+from quant.compiled import attention, dequant, matvec, ops
+from quant.compiled.jit import FASTMATH, PRANGE_ONLY
+from quant.kv import KV_FORMATS
+
+# Row counts around every edge of the layout: groups of 4 interleaved rows, chunks of 16
+# rows per unit of parallel work; columns of one block, of several, and wide.
+SHAPES = [(1, 32), (3, 64), (4, 64), (5, 96), (15, 64), (16, 128), (17, 64), (33, 576), (70, 4096)]
+
+
+def pair(fmt: str, shape: tuple[int, int], seed: int = 0):
+    w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return NUMPY[fmt].from_float(w), COMPILED[fmt].from_float(w)
+
+
+@pytest.mark.parametrize("fmt", sorted(COMPILED))
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+def test_same_format_bit_for_bit(fmt, shape):
+    """Both layouts hold the same codes: the same values, the same blocks at rest."""
+    a, b = pair(fmt, shape)
+    assert np.array_equal(a.dequantize(), b.dequantize())
+    for k, v in a.export().items():
+        assert np.array_equal(v, b.export()[k]), k
+    if hasattr(a, "to_blocks"):
+        assert np.array_equal(a.to_blocks(), b.to_blocks())
+    ids = np.array([0, shape[0] - 1, shape[0] // 2])
+    assert np.array_equal(a.rows(ids), b.rows(ids))
+    assert b.nbytes == type(b).nbytes_for(shape)
+
+
+@pytest.mark.parametrize("fmt", sorted(COMPILED))
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+def test_products_equal_the_numpy_kernels_within_float32_rounding(fmt, shape):
+    a, b = pair(fmt, shape, seed=1)
+    x = np.random.default_rng(2).standard_normal((6, shape[1])).astype(np.float32)
+    dq = np.abs(a.dequantize()).astype(np.float64)
+    tol = 1e-5 * (np.abs(x) @ dq.T) + 1e-30  # a few ulps of the sum of |w| |x|
+    ya, yb = a.matvec(x[0]), b.matvec(x[0])
+    assert yb.dtype == np.float32 and yb.shape == (shape[0],)
+    assert (np.abs(ya - yb) <= tol[0]).all()
+    ya, yb = a.matmul(x), b.matmul(x)
+    assert yb.dtype == np.float32 and yb.shape == (6, shape[0])
+    assert (np.abs(ya - yb) <= tol).all()
+
+
+def test_block_scales_stay_float16_in_memory():
+    """q8_0, q4_0 and q4_1 cost their own 8.5, 4.5 and 5.0 bits per weight."""
+    for fmt in ("q8_0", "q4_0", "q4_1"):
+        cls = COMPILED[fmt]
+        assert cls.nbytes_for((4096, 4096)) * 8 == cls.bits_per_weight * 4096 * 4096
+        assert cls.nbytes_for((5, 64)) == cls.nbytes_for((8, 64))  # padded to groups of 4
+
+
+def test_a_format_changes_backend_without_requantizing():
+    """A stored tensor moves between layouts with its codes; convert() re-lays it out."""
+    a, _ = pair("q4_1", (10, 64))
+    b = numba_backend().convert(a)
+    assert type(b) is COMPILED["q4_1"] and np.array_equal(a.to_blocks(), b.to_blocks())
+    assert numba_backend().convert(b) is b
+
+
+def stores(fmt: str, n_kv: int, slots: int, hd: int, tiled: bool):
+    return KV_FORMATS[fmt](n_kv, slots, hd, tiled=tiled), KV_FORMATS[fmt](n_kv, slots, hd)
+
+
+def reference_attention(qkv, cos, sin, keys, values, n_heads, n_kv, hd, slot, n):
+    """NumPy: rotate, store through the stores' own write, attend to slots 0..n-1."""
+    from llama_np.ops import attention as np_attention
+
+    q = qkv[: n_heads * hd].reshape(1, n_heads, hd)
+    k = qkv[n_heads * hd : (n_heads + n_kv) * hd].reshape(1, n_kv, hd)
+    v = qkv[(n_heads + n_kv) * hd :].reshape(1, n_kv, hd)
+
+    def rope(x):
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+    keys.write(slot, rope(k))
+    values.write(slot, v)
+    return np_attention(rope(q), keys.read(0, n), values.read(0, n))[0]
+
+
+@pytest.mark.parametrize("kv", sorted(KV_FORMATS))
+@pytest.mark.parametrize(("n_heads", "n_kv"), [(4, 2), (3, 3), (14, 2)])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 4100])
+def test_decode_attention_equals_numpy(kv, n_heads, n_kv, n):
+    """GQA shapes, key counts at and across tile edges, several pieces of parallel work."""
+    hd, slots = 64, 4112
+    rng = np.random.default_rng(n)
+    ck, cv = stores(kv, n_kv, slots, hd, tiled=True)
+    rk, rv = stores(kv, n_kv, slots, hd, tiled=False)
+    history = rng.standard_normal((2, n - 1, n_kv, hd)).astype(np.float32)
+    for (k, v), (hk, hv) in (((ck, cv), history), ((rk, rv), history)):
+        k.write(0, hk)
+        v.write(0, hv)
+    qkv = rng.standard_normal((n_heads + 2 * n_kv) * hd).astype(np.float32)
+    angle = rng.uniform(0, 6, hd // 2).astype(np.float32)
+    cos, sin = np.cos(angle), np.sin(angle)
+    out = np.empty(n_heads * hd, np.float32)
+    attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), n - 1, n, out)
+    ref = reference_attention(qkv, cos, sin, rk, rv, n_heads, n_kv, hd, n - 1, n)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * np.abs(ref).max() + 1e-7)
+    np.testing.assert_allclose(ck.read(0, n), rk.read(0, n), rtol=0, atol=1e-6)
+    assert np.array_equal(cv.read(0, n), rv.read(0, n))
+
+
+@pytest.mark.parametrize("kv", sorted(KV_FORMATS))
+def test_a_kernel_stores_what_numpy_stores(kv):
+    """Without rotation (cos 1, sin 0) the kernel's f16 and q8_0 encodings of the new key
+    and value are NumPy's, bit for bit: both backends hold the same cache."""
+    n_kv, hd = 2, 64
+    rng = np.random.default_rng(3)
+    ck, cv = stores(kv, n_kv, 32, hd, tiled=True)
+    rk, rv = stores(kv, n_kv, 32, hd, tiled=False)
+    qkv = (rng.standard_normal((2 + 2 * n_kv) * hd) * 50).astype(np.float32)
+    qkv[-5:] = [0, 1e6, -1e6, 1e-8, 0.5]  # zero, beyond float16, tiny
+    cos, sin = np.ones(hd // 2, np.float32), np.zeros(hd // 2, np.float32)
+    out = np.empty(2 * hd, np.float32)
+    attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), 7, 8, out)
+    rk.write(7, qkv[2 * hd : (2 + n_kv) * hd].reshape(1, n_kv, hd))
+    rv.write(7, qkv[(2 + n_kv) * hd :].reshape(1, n_kv, hd))
+    assert np.array_equal(ck.read(7, 8), rk.read(7, 8))
+    assert np.array_equal(cv.read(7, 8), rv.read(7, 8))
+    for a, b in zip(cv.arrays(), rv.arrays(), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_small_ops_equal_numpy():
+    from llama_np.ops import rmsnorm, swiglu
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(576).astype(np.float32) * 3
+    w = rng.standard_normal(576).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rmsnorm(x, w, 1e-5, out)
+    np.testing.assert_allclose(out, rmsnorm(x[None], w, 1e-5)[0], rtol=2e-6, atol=1e-6)
+    gate_up = rng.standard_normal(2 * 300).astype(np.float32) * 8
+    gate_up[:4] = [100.0, -100.0, 0.0, -1e-3]  # far in both tails: no overflow
+    act = np.empty(300, np.float32)
+    ops.swiglu(gate_up, act)
+    g, u = gate_up[:300].astype(np.float64), gate_up[300:].astype(np.float64)
+    exact = g / (1 + np.exp(-g)) * u
+    np.testing.assert_allclose(act, exact, rtol=1e-6, atol=1e-30)
+    # NumPy's (1 + tanh(g/2)) / 2 cancels for negative gates: right to an ulp of g u
+    numpy_ref = swiglu(gate_up[None, :300], gate_up[None, 300:])[0]
+    assert (np.abs(numpy_ref - exact) <= 1.2e-7 * np.abs(g * u) + 1e-6 * np.abs(exact)).all()
+
+
+def test_exp_is_within_two_ulp():
+    from numba import njit
+
+    x = -np.concatenate([np.linspace(0, 87, 200001), np.geomspace(1e-30, 1, 1000)])
+    x = x.astype(np.float32)
+    got = njit(lambda v: np.array([attention.exp_neg(e) for e in v], np.float32))(x)
+    ref = np.exp(x.astype(np.float64))
+    ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - ref) <= 2 * ulp).all()
+
+
+KERNELS = [  # helpers inlined into these (inline="always") are checked as part of them
+    getattr(module, name)
+    for module in (matvec, dequant, attention, ops)
+    for name in dir(module)
+    if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
+    and getattr(module, name).__module__ == module.__name__
+    and getattr(module, name).targetoptions.get("inline") != "always"
+]
+FLOAT64_MATH = re.compile(r"= (fadd|fsub|fmul|fdiv|frem|fneg|call)\b[^=]*\bdouble\b")
+WRAPPERS = ("_ZN7cpython", "cfunc.")  # argument conversion from Python objects
+
+
+def kernel_functions(llvm: str) -> dict[str, str]:
+    """The bodies of the functions in a module of LLVM IR that are not Python wrappers."""
+    bodies = re.findall(r'^define [^@]*@"?([^"( ]+)"?\(.*?^}', llvm, re.M | re.S)
+    starts = [m.start() for m in re.finditer(r"^define ", llvm, re.M)]
+    out = {}
+    for name, start in zip(bodies, starts, strict=True):
+        if not name.startswith(WRAPPERS):
+            out[name] = llvm[start : llvm.index("\n}", start)]
+    return out
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_no_float64_arithmetic_in_a_kernel(kernel):
+    """Compiled anew (the disk cache hides the code) for each signature the backend used,
+    a kernel's LLVM code, parallel bodies included, computes nothing in double precision:
+    a Python float argument arrives as double and is converted once, nothing else."""
+    numba_backend()  # every kernel has been compiled for its signatures
+    assert kernel.signatures, "never compiled"
+    options = dict(fastmath=FASTMATH, inline="never", nogil=True)
+    if kernel.targetoptions.get("parallel"):
+        options["parallel"] = PRANGE_ONLY
+    fresh = numba.njit(**options)(kernel.py_func)
+    for sig in kernel.signatures:
+        fresh.compile(sig)
+        functions = kernel_functions(fresh.inspect_llvm(sig))
+        assert functions, "no function found in the LLVM code"
+        for name, body in functions.items():
+            bad = [line.strip() for line in body.splitlines() if FLOAT64_MATH.search(line)]
+            assert not bad, f"{kernel.__name__}{sig} {name[:60]}: {bad[:3]}"
