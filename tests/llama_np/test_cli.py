@@ -108,7 +108,7 @@ def test_help_documents_every_flag_with_its_default():
         (["generate", "-m", "{model}"], 2, "give a prompt"),
         (["generate", "-m", "{model}", "-p", "hi", "--weights", "q9"], 2, "invalid choice: 'q9'"),
         (["generate", "-m", "{model}", "-p", "hi", "--kv", "q4_0"], 2, "invalid choice: 'q4_0'"),
-        (["generate", "-m", "{model}", "-p", "hi", "--kernels", "cuda"], 2, "invalid choice: 'cuda'"),
+        (["generate", "-m", "{model}", "-p", "hi", "--kernels", "gpu"], 2, "choice: 'gpu'"),
         (["generate", "-m", "{model}", "-p", "hi", "-n", "99999999999"], 2, "at most 10,000,000"),
         (["generate", "-m", "{model}", "-p", "hi", "--device", "gpu9"], 2, "unknown device 'gpu9'"),
         (["generate", "-m", "{model}", "-f", "/nonexistent.txt"], 2, "cannot read the prompt file"),
