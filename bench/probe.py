@@ -1,7 +1,10 @@
-"""`llama-np probe`: the read bandwidth NumPy can attain on this machine, by working-set size.
+"""`llama-np probe`: the read bandwidth attainable on this machine, by working-set size.
 
-Two kernels NumPy reaches: BLAS sgemv (y = A @ x, how a decode step reads an f32 matrix)
-and a reduction (np.add.reduce). Working sets run from 256 KiB to several times the
+The kernels: BLAS sgemv (y = A @ x, how NumPy's decode step reads an f32 matrix), a
+reduction (np.add.reduce), and, when numba is installed, llama-np's compiled f32 matvec.
+The attainable bandwidth of a tier is the best sgemv or compiled matvec measured there:
+the speed of light is set by the fastest reader of memory we have, not by the one a run
+happens to use. Working sets run from 256 KiB to several times the
 last-level cache, whose sizes are read from the system. The result is cached per machine
 (CPU, threads, NumPy/BLAS), since a token's speed of light on a CPU depends on the cache
 tier its working set lives in.
@@ -72,6 +75,7 @@ class Probe:
     reduce_gbs: list[float] = field(default_factory=list)
     sgemm_gflops: float = 0.0
     seconds: float = 0.0
+    compiled_gbs: list[float] = field(default_factory=list)  # empty without numba
 
     def tier_of(self, working_set: int) -> str:
         """Where a working set of this size lives while it is streamed through."""
@@ -81,13 +85,18 @@ class Probe:
             return "L3"
         return "DRAM"
 
+    def best_gbs(self) -> list[float]:
+        """Per working set, the faster of sgemv and the compiled matvec."""
+        compiled = self.compiled_gbs or [0.0] * len(self.sizes)
+        return [max(a, b) for a, b in zip(self.sgemv_gbs, compiled, strict=True)]
+
     def tiers(self) -> dict[str, float]:
-        """Attainable sgemv bandwidth per tier (bytes/s): the best measured at the sizes
-        that clearly live in that tier (DRAM: at least 4x the last-level cache)."""
+        """Attainable bandwidth per tier (bytes/s): the best measured at the sizes that
+        clearly live in that tier (DRAM: at least 4x the last-level cache)."""
         out: dict[str, float] = {}
         for tier in ("L2", "L3", "DRAM"):
             picks = [
-                g for s, g in zip(self.sizes, self.sgemv_gbs, strict=True)
+                g for s, g in zip(self.sizes, self.best_gbs(), strict=True)
                 if self.tier_of(s) == tier and (tier != "DRAM" or s >= 4 * self.caches.llc)
             ]  # fmt: skip
             if picks:
@@ -109,7 +118,11 @@ def machine_id(threads: int) -> str:
                 break
     except OSError:
         pass
-    blas = ",".join(f"{i.get('internal_api')} {i.get('version')}" for i in threadpool_info())
+    blas = ",".join(
+        f"{i.get('internal_api')} {i.get('version')}"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"  # not OpenMP: it is loaded or not depending on the run
+    )
     return f"{platform.node()} | {cpu} | {threads} threads | numpy {np.__version__} | {blas}"
 
 
@@ -132,19 +145,43 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     probe = Probe(machine_id(threads), threads, caches, sizes)
     rng = np.random.default_rng(0)
     t_start = time.perf_counter()
+    matrices = [(s, rng.random((s // 4 // 1024, 1024), dtype=np.float32)) for s in sizes]
+    x = rng.random(1024, dtype=np.float32)
+    bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=not progress)
     with threadpool_limits(threads, user_api="blas"):
-        for size in tqdm(sizes, desc="probe", unit="size", disable=not progress):
-            cols = 1024
-            a = rng.random((size // 4 // cols, cols), dtype=np.float32)
-            x = rng.random(cols, dtype=np.float32)
+        for size, a in matrices:
             budget = 0.15 if size < 64 * MIB else 0.6
             probe.sgemv_gbs.append(a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9)
             reduce = partial(np.add.reduce, a.reshape(-1))
             probe.reduce_gbs.append(a.nbytes / _time(reduce, budget) / 1e9)
+            bar.update()
         m = rng.random((1024, 1024), dtype=np.float32)
         probe.sgemm_gflops = 2 * 1024**3 / _time(partial(np.matmul, m, m), 0.3) / 1e9
+    probe.compiled_gbs = compiled_sweep(matrices, x, threads, bar)
+    bar.close()
     probe.seconds = time.perf_counter() - t_start
     return probe
+
+
+def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm) -> list[float]:
+    """The compiled f32 matvec at each size ([] without numba). After the BLAS sweep, so
+    that neither thread pool spins while the other is timed."""
+    from quant.backends import numba_importable
+
+    if not numba_importable():
+        return []
+    from quant.backends import numba_backend
+    from quant.compiled import set_threads
+
+    set_threads(threads)
+    f32 = numba_backend().weight_class("f32")
+    out = []
+    for size, a in matrices:
+        y = np.empty(a.shape[0], np.float32)
+        budget = 0.15 if size < 64 * MIB else 0.6
+        out.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
+        bar.update()
+    return out
 
 
 def probe_path(threads: int) -> Path:
@@ -178,13 +215,14 @@ def probe_report(p: Probe) -> str:
         f"caches: L2 {c.l2_per_core // KIB} KiB per core x {c.cores} cores, "
         f"L3 {c.l3 // MIB} MiB; probe took {p.seconds:.1f} s",
         "",
-        "| working set | tier | sgemv GB/s | reduce GB/s |",
-        "|---:|---|---:|---:|",
+        "| working set | tier | sgemv GB/s | compiled matvec GB/s | reduce GB/s |",
+        "|---:|---|---:|---:|---:|",
     ]
-    for s, g, r in zip(p.sizes, p.sgemv_gbs, p.reduce_gbs, strict=True):
+    compiled = [f"{c:.1f}" for c in p.compiled_gbs] or ["-"] * len(p.sizes)
+    for s, g, c, r in zip(p.sizes, p.sgemv_gbs, compiled, p.reduce_gbs, strict=True):
         label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
-        lines.append(f"| {label} | {p.tier_of(s)} | {g:.1f} | {r:.1f} |")
-    lines += ["", "| tier | attainable (sgemv) GB/s |", "|---|---:|"]
+        lines.append(f"| {label} | {p.tier_of(s)} | {g:.1f} | {c} | {r:.1f} |")
+    lines += ["", "| tier | attainable GB/s (best of sgemv, compiled matvec) |", "|---|---:|"]
     lines += [f"| {t} | {bw / 1e9:.1f} |" for t, bw in p.tiers().items()]
     lines.append(f"\nsgemm 1024^3: {p.sgemm_gflops:.1f} GFLOPS with {p.threads} threads")
     return "\n".join(lines)

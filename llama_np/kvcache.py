@@ -75,6 +75,10 @@ class KVCache:
             )
         self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
         self.v = [store(*shape) for _ in range(config.n_layers)]
+        # per layer, the stores' arrays as a compiled kernel takes them
+        self._arrays = [
+            (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
+        ]
         self.fmt = fmt
         self.slots = slots
         self.head_shape = (config.n_kv_heads, config.head_dim)
@@ -99,8 +103,8 @@ class KVCache:
         n = self.n_keys(p)
         K, V = self.k[layer], self.v[layer]
         read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
-        written = K.slot_bytes + V.slot_bytes
-        return DecodeSlot(tuple(K.arrays()), tuple(V.arrays()), p % self.slots, n, read, written)
+        keys, values = self._arrays[layer]
+        return DecodeSlot(keys, values, p % self.slots, n, read, K.slot_bytes + V.slot_bytes)
 
     def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
         """Append k, v (T, n_kv, hd) of positions pos:pos+T to `layer`; return what those T

@@ -1,14 +1,13 @@
 """The forward pass: embedding, N decoder blocks, final norm, LM head.
 
 One `forward(tokens, cache)` serves both phases: a prompt of T tokens runs as one batched
-pass (matrix-matrix products), a single token runs matrix-vector products. Wherever a
-kernel is called, the meter records the bytes of the arrays that call reads.
+pass (matrix-matrix products), a single token runs matrix-vector products. Every call goes
+through the seam (llama_np.seam), which records the bytes it reads in the meter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from time import perf_counter
 
 import numpy as np
 
@@ -18,7 +17,11 @@ from quant.backends import Backend, numpy_backend
 
 from .config import Config
 from .kvcache import KVCache
-from .ops import NumpyOps, Rotary, rope_inv_freq
+from .ops import NumpyOps, rope_inv_freq
+from .seam import Profiled, Seam
+
+# the meter's categories of the weights a product reads
+ATTN, MLP, HEAD = "attn_weights", "mlp_weights", "lm_head"
 
 
 def ops_for(backend: Backend) -> NumpyOps:
@@ -79,6 +82,8 @@ class Transformer:
         self.backend = backend or numpy_backend()
         self.ops = ops_for(self.backend)
         self.meter = meter or Meter()
+        self._seam = Seam(config, self.ops, self.meter)
+        self._profiled = Profiled(config, self.ops, self.meter)
         self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
 
     def new_cache(
@@ -90,65 +95,26 @@ class Transformer:
             self.config, capacity or self.config.max_seq_len, window, kv, self.backend.tiled_keys
         )
 
+    @property
+    def seam(self) -> Seam:
+        """Where the forward pass calls the kernels (timed when the meter profiles)."""
+        return self._profiled if self.meter.profile else self._seam
+
     def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Logits after `tokens`, which continue the sequence held in `cache`.
         tokens (T,) -> (T, vocab) if all_logits else (vocab,) for the last token"""
-        w, meter = self.weights, self.meter
+        w, k = self.weights, self.seam
         t, p0 = len(tokens), cache.pos
-        meter.begin("decode" if t == 1 else "prefill", p0, t)
-        t0 = perf_counter() if meter.profile else 0.0
-        x = w.embed.rows(tokens)  # (T, dim)
-        meter.read("embedding", t * w.embed.row_nbytes)
-        if t0:
-            meter.lap("embedding", t0)
+        self.meter.begin("decode" if t == 1 else "prefill", p0, t)
+        x = k.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, x, cache, rot)
-            x = x + self._mlp(layer, x)
+            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN)  # (T, q_dim + 2 kv_dim)
+            att = k.attention(qkv, cache, i, rot)  # (T, q_dim)
+            x = k.linear_add(x, layer.wo, att, ATTN)
+            gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
+            x = k.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
         cache.advance(t)
-        x = self._norm(x if all_logits else x[-1:], w.norm)
-        logits = self._linear(w.lm_head, x, "lm_head")  # (T or 1, vocab)
-        meter.end()
-        return logits if all_logits else logits[-1]
-
-    def _attention(
-        self, i: int, layer: Layer, x: np.ndarray, cache: KVCache, rot: Rotary
-    ) -> np.ndarray:
-        h = self._norm(x, layer.attn_norm)
-        qkv = self._linear(layer.wqkv, h, "attn_weights")  # (T, q_dim + 2 kv_dim)
-        meter = self.meter
-        t0 = perf_counter() if meter.profile else 0.0
-        out, read, written = self.ops.attention(self.config, qkv, cache, i, rot)  # (T, q_dim)
-        meter.read("kv_cache", read)
-        meter.write("kv_cache", written)
-        if t0:  # RoPE, the cache append and attention
-            meter.lap("kv_cache", t0)
-        return self._linear(layer.wo, out, "attn_weights")
-
-    def _mlp(self, layer: Layer, x: np.ndarray) -> np.ndarray:
-        h = self._norm(x, layer.mlp_norm)
-        gate_up = self._linear(layer.w_gate_up, h, "mlp_weights")  # (T, 2 * hidden_dim)
-        t0 = perf_counter() if self.meter.profile else 0.0
-        act = self.ops.swiglu(gate_up)  # (T, hidden_dim)
-        if t0:  # timed with the MLP matrices
-            self.meter.lap("mlp_weights", t0)
-        return self._linear(layer.w_down, act, "mlp_weights")  # (T, dim)
-
-    def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        meter = self.meter
-        meter.read("norms", weight.nbytes)
-        t0 = perf_counter() if meter.profile else 0.0
-        y = self.ops.rmsnorm(x, weight, self.config.norm_eps)
-        if t0:
-            meter.lap("norms", t0)
-        return y
-
-    def _linear(self, w: Weight, x: np.ndarray, category: str) -> np.ndarray:
-        """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
-        meter = self.meter
-        meter.read(category, w.nbytes)
-        t0 = perf_counter() if meter.profile else 0.0
-        y = w.matvec(x[0])[None, :] if x.shape[0] == 1 else w.matmul(x)
-        if t0:
-            meter.lap(category, t0)
-        return y
+        logits = k.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
+        self.meter.end()
+        return logits if all_logits else logits[-1]  # (T or 1, vocab)

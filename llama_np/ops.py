@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from quant import Weight
+
 from .config import Config
 from .kvcache import KVCache
 
@@ -142,21 +144,31 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return t
 
 
+def linear(w: Weight, x: np.ndarray) -> np.ndarray:
+    """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
+    return w.matvec(x[0])[None, :] if x.shape[0] == 1 else w.matmul(x)
+
+
 class NumpyOps:
-    """The block's operations between the matrix products, as the forward pass calls them:
-    the NumPy reference. A kernel backend may replace them (llama_np.ops_compiled); the
-    math stays the functions above."""
+    """The operations the forward pass is made of, each a step of the math that a kernel
+    backend may run as one fused call: the NumPy reference, composed of the functions
+    above. llama_np.ops_compiled replaces them for the compiled backend."""
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq)
 
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        return rmsnorm(x, weight, eps)
+    def norm_linear(self, x: np.ndarray, norm: np.ndarray, eps: float, w: Weight) -> np.ndarray:
+        """rmsnorm(x) @ W.T: (T, dim) -> (T, rows)"""
+        return linear(w, rmsnorm(x, norm, eps))
 
-    def swiglu(self, gate_up: np.ndarray) -> np.ndarray:
-        """(T, 2 * hidden) [gate | up] -> (T, hidden)"""
+    def linear_add(self, x: np.ndarray, w: Weight, inp: np.ndarray) -> np.ndarray:
+        """The residual stream after a product: x + inp @ W.T (T, dim)"""
+        return x + linear(w, inp)
+
+    def swiglu_linear_add(self, x: np.ndarray, w: Weight, gate_up: np.ndarray) -> np.ndarray:
+        """x + swiglu(gate, up) @ W.T for gate_up = [gate | up] (T, 2 * hidden) -> (T, dim)"""
         hidden = gate_up.shape[1] // 2
-        return swiglu(gate_up[:, :hidden], gate_up[:, hidden:])
+        return x + linear(w, swiglu(gate_up[:, :hidden], gate_up[:, hidden:]))
 
     def attention(
         self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary

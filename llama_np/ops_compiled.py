@@ -1,35 +1,58 @@
-"""The block's operations for the compiled backend: a decode step (one token) runs each as
-one compiled call (quant.compiled); a prompt (several tokens) runs the NumPy reference,
-whose batched matrix products are as fast as anything here."""
+"""The forward pass's operations on the compiled backend: for one token (decode) each is one
+compiled call, the matrix product with its RMSNorm, SwiGLU or residual addition fused in
+(quant.compiled.ops.prologue); a prompt (several tokens) runs the NumPy reference, whose
+batched matrix products are as fast as anything here."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from quant import Weight
 from quant.compiled import attention, ops
 
 from .config import Config
 from .kvcache import KVCache
 from .ops import NumpyOps, Rotary
 
+NO_NORM, ZERO = np.zeros(1, np.float32), np.float32(0)
+
+
+def product(w: Weight, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
+            eps: float, add: bool) -> None:  # fmt: skip
+    """out (=, or += when add) W @ prologue(x): one kernel for a compiled matrix; for a
+    stack of matrices in several formats, the prologue once, then each part."""
+    if w.fused:
+        w.matvec_into(x, out, norm, eps, mode, add)
+        return
+    h = ops.prepare(x, norm, eps, mode)
+    if add:
+        out += w.matvec(h)
+    else:
+        out[:] = w.matvec(h)
+
 
 class CompiledOps(NumpyOps):
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)
 
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    def norm_linear(self, x: np.ndarray, norm: np.ndarray, eps: float, w: Weight) -> np.ndarray:
         if x.shape[0] != 1:
-            return super().rmsnorm(x, weight, eps)
-        out = np.empty_like(x)
-        ops.rmsnorm(x[0], weight, eps, out[0])
+            return super().norm_linear(x, norm, eps, w)
+        out = np.empty((1, w.shape[0]), np.float32)
+        product(w, x[0], out[0], ops.NORM, norm, eps, False)
         return out
 
-    def swiglu(self, gate_up: np.ndarray) -> np.ndarray:
-        if gate_up.shape[0] != 1:
-            return super().swiglu(gate_up)
-        out = np.empty((1, gate_up.shape[1] // 2), np.float32)
-        ops.swiglu(gate_up[0], out[0])
-        return out
+    def linear_add(self, x: np.ndarray, w: Weight, inp: np.ndarray) -> np.ndarray:
+        if x.shape[0] != 1:
+            return super().linear_add(x, w, inp)
+        product(w, inp[0], x[0], ops.PLAIN, NO_NORM, ZERO, True)  # in place: x is ours
+        return x
+
+    def swiglu_linear_add(self, x: np.ndarray, w: Weight, gate_up: np.ndarray) -> np.ndarray:
+        if x.shape[0] != 1:
+            return super().swiglu_linear_add(x, w, gate_up)
+        product(w, gate_up[0], x[0], ops.SWIGLU, NO_NORM, ZERO, True)
+        return x
 
     def attention(
         self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary

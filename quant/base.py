@@ -20,6 +20,7 @@ from .errors import QuantError
 class Weight(ABC):
     fmt: ClassVar[str]  # the name users type: "f32", "q8_0", ...
     bits_per_weight: ClassVar[float]  # at rest, scales included: what the format promises
+    fused: ClassVar[bool] = False  # a compiled kernel with prologue and epilogue (quant.compiled)
 
     def __init__(self, shape: tuple[int, int]) -> None:
         rows, cols = shape

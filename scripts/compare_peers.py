@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama-np against its peers, side by side, in one run, on the same model and prompt.
 
-Engines: llama-np in each weight format; transformers on torch (f32, eager) when
+Engines: llama-np in each weight format, on its compiled kernels (numba) and on its NumPy
+kernels; transformers on torch (f32, eager) when
 installed; llama.cpp through llama-cpp-python when installed, on GGUF files written with
 the gguf package from the same weights. Each engine lives in its own process, loaded
 once and kept for the whole run, so no engine's thread pool can disturb another's (an
@@ -55,10 +56,11 @@ class Engine:
 
 
 class LlamaNp(Engine):
-    def __init__(self, path: Path, weights: str | None, threads: int) -> None:
-        self.llm = llama_np.load(path, weights=weights, threads=threads)  # starts its kernel team
+    def __init__(self, path: Path, kernels: str, weights: str | None, threads: int) -> None:
+        self.llm = llama_np.load(path, weights=weights, threads=threads, kernels=kernels)
         w, h, _ = formats(self.llm.model.weights)
-        self.name = f"llama-np {w if w == h else w + '/' + h}"
+        stored = " (as stored)" if weights is None else ""
+        self.name = f"llama-np {kernels} {w if w == h else w + '/' + h}{stored}"
         self.shape = shape_of(self.llm.config, path.name)
         self.bytes_per_token = 0.0
 
@@ -168,7 +170,7 @@ def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
     """Build one engine (in its own process)."""
     kind, arg = spec
     if kind == "llama-np":
-        return LlamaNp(path, arg, threads)
+        return LlamaNp(path, *arg, threads)
     shape = shape_of(llama_np.load(path, threads=1).config, path.name)
     parallel.stop()
     if kind == "transformers":
@@ -187,7 +189,15 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
 
 
 def specs() -> list[tuple]:
-    out: list[tuple] = [("llama-np", w) for w in ("f32", "q8_0", "q4_0", None)]  # None: as stored
+    """The engines; the first, llama-np's compiled f32, is the base of the ratios."""
+    from quant.backends import numba_importable
+
+    ours = [("numpy", w) for w in ("f32", "q8_0", "q4_0", None)]  # None: as stored
+    if numba_importable():
+        ours = [("numba", w) for w in ("f32", "q8_0", "q4_0", None)] + ours
+    else:
+        print("compare_peers: numba is not installed, only the NumPy kernels", file=sys.stderr)
+    out: list[tuple] = [("llama-np", spec) for spec in ours]
     for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
                          ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", "Q4_1"))]:  # fmt: skip
         try:
@@ -243,7 +253,7 @@ def main() -> None:
         proc.join(timeout=30)
     base = results[names[0]]
     lines = [
-        f"| engine | decode ms/token (median, min-max) | ratio to llama-np f32 | prefill tok/s "
+        f"| engine | decode ms/token (median, min-max) | ratio to {names[0]} | prefill tok/s "
         f"({PROMPT_TOKENS} tokens) | MB/token | GB/s |",
         "|---|---:|---:|---:|---:|---:|",
     ]

@@ -30,7 +30,8 @@ def warm_up(formats: list[str], kv_formats: list[str]) -> None:
         w.matmul(x[None].repeat(2, 0))
         w.rows(np.array([1]))
     out = np.empty(64, np.float32)
-    ops.rmsnorm(x, x, 1e-5, out)
+    ops.rmsnorm(x, x, np.float32(1e-5), out)
+    ops.prepare(x, x, np.float32(1e-5), ops.NORM)
     ops.swiglu(x, out[:32])
     cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
     for kv in kv_formats:

@@ -13,6 +13,10 @@ memory (four separate row streams of 2 KiB each measured 1.4x slower from DRAM),
 value it loads serves four rows, and four independent accumulator chains hide the
 latency of the fused multiply-adds. The four scales of a block are converted from float16
 in one instruction (`f16x4`).
+
+Every kernel takes `norm, eps, mode` (what to apply to x first: ops.prologue) and `add`
+(whether to add y into `out` instead of storing it), so that a decode step fuses RMSNorm,
+SwiGLU and the residual additions into its matrix products.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from numba import carray, prange
 
 from .jit import bf16, f16, f16x4, i8, kernel, lo4, stack_f32, u8
+from .ops import prologue
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
 CHUNK = 16  # rows per unit of parallel work
@@ -35,47 +40,60 @@ def lane_sum(acc, at):
     return s
 
 
+@kernel(inline=True)
+def put(out, r, s, add):
+    """The epilogue: out[r] = s, or out[r] += s."""
+    if add:
+        out[r] += s
+    else:
+        out[r] = s
+
+
 @kernel(parallel=True)
-def matvec_f32(w, x, out):
+def matvec_f32(w, x, norm, eps, mode, add, out):
     """w (rows, cols) float32; x (cols,); out (rows,)"""
+    x = prologue(x, norm, eps, mode)
     rows, cols = w.shape
     for c in prange((rows + CHUNK - 1) // CHUNK):
         for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
             s = np.float32(0)
             for j in range(cols):
                 s += w[r, j] * x[j]
-            out[r] = s
+            put(out, r, s, add)
 
 
 @kernel(parallel=True)
-def matvec_f16(bits, x, out):
+def matvec_f16(bits, x, norm, eps, mode, add, out):
     """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,)"""
+    x = prologue(x, norm, eps, mode)
     rows, cols = bits.shape
     for c in prange((rows + CHUNK - 1) // CHUNK):
         for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
             s = np.float32(0)
             for j in range(cols):
                 s += f16(bits[r, j]) * x[j]
-            out[r] = s
+            put(out, r, s, add)
 
 
 @kernel(parallel=True)
-def matvec_bf16(bits, x, out):
+def matvec_bf16(bits, x, norm, eps, mode, add, out):
     """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,)"""
+    x = prologue(x, norm, eps, mode)
     rows, cols = bits.shape
     for c in prange((rows + CHUNK - 1) // CHUNK):
         for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
             s = np.float32(0)
             for j in range(cols):
                 s += bf16(bits[r, j]) * x[j]
-            out[r] = s
+            put(out, r, s, add)
 
 
 @kernel(parallel=True)
-def matvec_q8_0(codes, scales, x, out):
+def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
     """codes (G, nb * 4 * 32) int8 as uint8, per block the 4 rows' 32 codes;
     scales (G, nb * 4) float16 bits; x (nb * 32,); out (rows <= 4 G,)
     y = sum_b d_b * (q_b . x_b)"""
+    x = prologue(x, norm, eps, mode)
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
     per = CHUNK // GROUP
@@ -96,7 +114,7 @@ def matvec_q8_0(codes, scales, x, out):
                     acc[32 + j] += d[2] * (i8(q[o + 64 + j]) * lo + i8(q[o + 80 + j]) * hi)
                     acc[48 + j] += d[3] * (i8(q[o + 96 + j]) * lo + i8(q[o + 112 + j]) * hi)
             for i in range(min(GROUP, rows - GROUP * g)):
-                out[GROUP * g + i] = lane_sum(acc, 16 * i)
+                put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
 
 
 @kernel
@@ -116,12 +134,13 @@ def nibble_operands(x, xa, xb, xs):
 
 
 @kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, x, out):
+def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
     """codes (G, nb * 4 * 16) uint8, per block the 4 rows' 16 bytes (element j in the low
     nibble of byte j, element j + 16 in the high one); scales, mins (G, nb * 4) float16 bits;
     x (nb * 32,); out (rows <= 4 G,)
     y = sum_b d_b (q_b . x_b) + factor * m_b * sum(x_b):
     q4_1 passes its mins and factor 1; q4_0 (x = d (q - 8)) its scales and factor -8."""
+    x = prologue(x, norm, eps, mode)
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
     xa, xb, xs = (
@@ -155,4 +174,4 @@ def matvec_q4(codes, scales, mins, factor, x, out):
                     acc[32 + j] += d[2] * (lo4(q[o + 32 + j]) * a + u8(q[o + 32 + j]) * h)
                     acc[48 + j] += d[3] * (lo4(q[o + 48 + j]) * a + u8(q[o + 48 + j]) * h)
             for i in range(min(GROUP, rows - GROUP * g)):
-                out[GROUP * g + i] = lane_sum(acc, 16 * i) + factor * corr[i]
+                put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)

@@ -57,9 +57,19 @@ def f16_bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
 
 
+NO_NORM = np.zeros(1, np.float32)
+ONE, NIBBLE_OFFSET = np.float32(1), np.float32(-8)  # q4_1's factor on its mins; q4_0's
+ZERO = np.float32(0)
+
+
 class CompiledMatrix:
     """The compiled side of the Weight interface: matvec and matmul run the kernels here,
-    on the threads numba runs; the NumPy process team never sees these matrices."""
+    on the threads numba runs; the NumPy process team never sees these matrices.
+
+    `matvec_into(x, out, norm, eps, mode, add)` is one kernel: out (=, or += when add)
+    W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue)."""
+
+    fused = True  # matvec_into takes a prologue and an epilogue
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(self.shape[0], np.float32)
@@ -81,13 +91,13 @@ class CompiledMatrix:
 
 
 class CF32Weight(CompiledMatrix, F32Weight):
-    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matvec.matvec_f32(self.w, x, out)
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
 
 
 class CF16Weight(CompiledMatrix, F16Weight):
-    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matvec.matvec_f16(self.bits, x, out)
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         rows = self.bits[r0:r1]
@@ -97,8 +107,8 @@ class CF16Weight(CompiledMatrix, F16Weight):
 
 
 class CBF16Weight(CompiledMatrix, BF16Weight):
-    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matvec.matvec_bf16(self.bits, x, out)
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
 
 
 class CompiledBlockWeight(CompiledMatrix, BlockWeight):
@@ -180,8 +190,8 @@ class CompiledBlockWeight(CompiledMatrix, BlockWeight):
 
 
 class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
-    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matvec.matvec_q8_0(self.codes, self.scales, x, out)
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        matvec.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
@@ -192,12 +202,12 @@ class CompiledNibbleWeight(CompiledBlockWeight):
 
     def _mins(self) -> tuple[np.ndarray, np.float32]:
         if self.mins is None:
-            return self.scales, np.float32(self.offset)
-        return self.mins, np.float32(1.0)
+            return self.scales, NIBBLE_OFFSET
+        return self.mins, ONE
 
-    def matvec_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
         mins, factor = self._mins()
-        matvec.matvec_q4(self.codes, self.scales, mins, factor, x, out)
+        matvec.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         mins, factor = self._mins()

@@ -35,6 +35,8 @@ def test_probe_tiers():
     )
     assert p.tiers() == {"L2": 60e9, "L3": 100e9, "DRAM": 25e9}
     assert "| DRAM | 25.0 |" in probe_mod.probe_report(p)
+    p.compiled_gbs = [50.0, 90.0, 30.0]  # a tier's attainable is its fastest reader
+    assert p.tiers() == {"L2": 60e9, "L3": 100e9, "DRAM": 30e9}
 
 
 def test_probe_measures_and_caches(tmp_path, monkeypatch):
@@ -43,6 +45,7 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     p = probe_mod.run_probe(2, progress=False)  # sizes up to 32 MiB here: a few seconds
     assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
+    assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
 

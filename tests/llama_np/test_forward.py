@@ -33,14 +33,15 @@ def guard_model(model, seen: list[str], monkeypatch) -> None:
     """Wrap the forward pass's operations and every matrix's kernels so that each checks
     the arrays going in and coming out."""
     ops_object = model.ops
-    for name in ("rmsnorm", "attention", "swiglu", "rotary"):
+    for name in ("norm_linear", "attention", "linear_add", "swiglu_linear_add", "rotary"):
         fn = getattr(ops_object, name)
         if name == "rotary":
             fn = (lambda f: lambda *a: _check_rotary(f(*a), seen))(fn)
         monkeypatch.setattr(ops_object, name, _guard(name, fn, seen))
     for w in model.weights.matrices():
-        for kind in ("rows", "matvec", "matmul"):
-            monkeypatch.setattr(w, kind, _guard(kind, getattr(w, kind), seen))
+        for kind in ("rows", "matvec", "matmul", "matvec_into"):
+            if hasattr(w, kind):
+                monkeypatch.setattr(w, kind, _guard(kind, getattr(w, kind), seen))
 
 
 def _check_rotary(rot, seen):
@@ -61,18 +62,20 @@ def test_every_intermediate_is_float32(gqa_dir, monkeypatch, kernels):
     logits = llm.logits(list(range(1, 12)), cache)
     step = llm.step(5, cache)
     assert logits.dtype == step.dtype == np.float32
-    for name in ("rmsnorm", "rope tables", "attention", "swiglu", "rows", "matvec", "matmul"):
-        assert name in seen, f"{name} was never checked"
+    kernels = ["matvec_into"] if kernels == "numba" else ["matvec"]
+    names = ["norm_linear", "rope tables", "attention", "linear_add", "swiglu_linear_add"]
+    for name in [*names, "rows", "matmul", *kernels]:
+        assert {name, f"{name} (argument)"} & set(seen), f"{name} was never checked"
 
 
 def test_float64_is_caught(gqa_dir, monkeypatch):
-    """The guard above can fail: a float64 scalar in rmsnorm is reported."""
+    """The guard above can fail: a float64 scalar after a normed product is reported."""
     llm = llama_np.load(gqa_dir[0], kernels="numpy")
     seen: list[str] = []
     guard_model(llm.model, seen, monkeypatch)
-    inner = llm.model.ops.rmsnorm
-    bad = lambda x, w, eps: inner(x, w, eps) * np.float64(1)  # noqa: E731
-    monkeypatch.setattr(llm.model.ops, "rmsnorm", bad)
+    inner = llm.model.ops.norm_linear
+    bad = lambda x, n, eps, w: inner(x, n, eps, w) * np.float64(1)  # noqa: E731
+    monkeypatch.setattr(llm.model.ops, "norm_linear", bad)
     with pytest.raises(AssertionError, match="float64"):
         llm.logits([1, 2, 3])
 

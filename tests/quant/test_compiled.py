@@ -178,17 +178,20 @@ KERNELS = [  # helpers inlined into these (inline="always") are checked as part 
     and getattr(module, name).__module__ == module.__name__
     and getattr(module, name).targetoptions.get("inline") != "always"
 ]
-FLOAT64_MATH = re.compile(r"= (fadd|fsub|fmul|fdiv|frem|fneg|call)\b[^=]*\bdouble\b")
-WRAPPERS = ("_ZN7cpython", "cfunc.")  # argument conversion from Python objects
+FLOAT64_MATH = re.compile(  # double arithmetic, or a call returning a double (sqrt, exp...)
+    r"= (?:(?:fadd|fsub|fmul|fdiv|frem|fneg)\b[^=]*\bdouble\b|(?:tail )?call (?:[a-z]+ )*double\b)"
+)
+OURS = ("_ZN5quant", "_ZN13_3cdynamic_3e36__numba_parfor_gufunc")  # not numba's own helpers
 
 
 def kernel_functions(llvm: str) -> dict[str, str]:
-    """The bodies of the functions in a module of LLVM IR that are not Python wrappers."""
+    """The bodies of our functions (and their parallel loops) in a module of LLVM IR:
+    not the Python wrappers, not numba's error formatting."""
     bodies = re.findall(r'^define [^@]*@"?([^"( ]+)"?\(.*?^}', llvm, re.M | re.S)
     starts = [m.start() for m in re.finditer(r"^define ", llvm, re.M)]
     out = {}
     for name, start in zip(bodies, starts, strict=True):
-        if not name.startswith(WRAPPERS):
+        if name.startswith(OURS):
             out[name] = llvm[start : llvm.index("\n}", start)]
     return out
 
