@@ -26,12 +26,9 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 from tqdm import tqdm
 
+from quant.cache import cache_dir
+
 KIB, MIB = 1 << 10, 1 << 20
-
-
-def cache_dir() -> Path:
-    """The project's cache ($LLAMA_NP_CACHE, default ~/.cache/llama-np): models, probes."""
-    return Path(os.environ.get("LLAMA_NP_CACHE") or Path.home() / ".cache" / "llama-np")
 
 
 @dataclass

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from quant.cache import cache_dir
+
 from .errors import LlamaNpError, UsageError
 
 
@@ -55,10 +57,6 @@ MODELS = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 CHUNK = 1 << 20
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LLAMA_NP_CACHE") or Path.home() / ".cache" / "llama-np")
 
 
 def cached_path(spec: ModelSpec) -> Path:

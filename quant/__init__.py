@@ -10,12 +10,13 @@ from .base import Weight
 from .blocks import BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from .errors import QuantError
 from .floats import BF16Weight, F16Weight, F32Weight
+from .ggml import GGML_FORMATS
 from .parallel import matmuls, matvecs
 from .stack import StackedWeight, stack_rows
 
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls for cls in (F32Weight, F16Weight, BF16Weight, Q8_0Weight, Q4_0Weight, Q4_1Weight)
-}
+} | GGML_FORMATS
 
 
 def weight_class(fmt: str) -> type[Weight]:

@@ -66,8 +66,10 @@ def np_roundf(n: np.ndarray) -> np.ndarray:
 
 
 class BlockWeight(Weight):
-    """What q8_0, q4_0 and q4_1 share: tiles, scales, the kernels."""
+    """What q8_0, q4_0 and q4_1 share (and the formats decoded from GGUF, quant.decoded):
+    tiles, scales, the kernels."""
 
+    block: ClassVar[int] = BLOCK  # weights per block (a scale, and a min, each)
     offset: ClassVar[float] = 0.0  # q4_0 stores q + 8
     has_min: ClassVar[bool] = False  # q4_1 adds a per-block minimum
     code_bytes: ClassVar[int]  # bytes of codes per block (32 or 16)
@@ -83,9 +85,11 @@ class BlockWeight(Weight):
         as float16 or float32 holding float16 values."""
         super().__init__(shape)
         rows, cols = self.shape
-        if cols % BLOCK:
-            raise QuantError(f"{self.fmt}: the input dimension {cols} is not a multiple of {BLOCK}")
-        nb = cols // BLOCK
+        if cols % self.block:
+            raise QuantError(
+                f"{self.fmt}: the input dimension {cols} is not a multiple of {self.block}"
+            )
+        nb = cols // self.block
         if codes.shape != (rows, nb * self.code_bytes) or scales.shape != (rows, nb):
             raise QuantError(
                 f"{self.fmt}: codes {codes.shape} / scales {scales.shape} do not fit {shape}"
@@ -124,7 +128,7 @@ class BlockWeight(Weight):
         """Codes, plus a float32 scale (and min) per block of 32."""
         rows, cols = shape
         per_block = cls.code_bytes + 4 * (2 if cls.has_min else 1)
-        return rows * (cols // BLOCK) * per_block
+        return rows * (cols // cls.block) * per_block
 
     def export(self) -> dict[str, np.ndarray]:
         """The canonical arrays at rest: codes in GGML byte order, float16 scales (and mins)."""
@@ -158,7 +162,7 @@ class BlockWeight(Weight):
     def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
         """From GGML blocks as stored in GGUF: raw bytes (rows, nb * bytes_per_block)."""
         rows, cols = shape
-        blocks = np.ascontiguousarray(raw).view(cls.block_dtype()).reshape(rows, cols // BLOCK)
+        blocks = np.ascontiguousarray(raw).view(cls.block_dtype()).reshape(rows, cols // cls.block)
         mins = blocks["m"] if cls.has_min else None
         return cls(shape, blocks["q"].reshape(rows, -1), blocks["d"], mins)
 
@@ -189,7 +193,7 @@ class BlockWeight(Weight):
                 continue
             n = b - a
             v = self.unpack(q[:, a - t0 : b - t0], np.empty((self.shape[1], n), np.float32))
-            v = v.reshape(self.nb, BLOCK, n)
+            v = v.reshape(self.nb, self.block, n)
             if self.offset:
                 v -= np.float32(-self.offset)
             v = v * d[:, None, a - t0 : b - t0]  # d * q, as gguf.quants multiplies
@@ -214,17 +218,17 @@ class BlockWeight(Weight):
     @classmethod
     def dot_vector(cls, x: np.ndarray) -> np.ndarray:
         """x as the kernel multiplies it with `dot_operands`, per block: (nb, 1, 32)."""
-        return x.reshape(-1, 1, BLOCK)
+        return x.reshape(-1, 1, cls.block)
 
     def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
         """Per tile: codes to float32 (one cast), the per-block dot products of every row
         at once (one batched matmul), then the scales on that small (nb, n) result."""
         nb = self.nb
         xb = self.dot_vector(x)
-        sx = x.reshape(nb, BLOCK).sum(axis=1)  # per-block sums, for the offset and the min
+        sx = x.reshape(nb, self.block).sum(axis=1)  # per-block sums, for the offset and the min
         for t0, t1, q, d, m in self._tiles_in(r0, r1):
             n = t1 - t0
-            v = self.dot_operands(q, scratch((self.shape[1], n))).reshape(nb, BLOCK, n)
+            v = self.dot_operands(q, scratch((self.shape[1], n))).reshape(nb, self.block, n)
             p = np.matmul(xb, v, out=scratch((nb, 1, n)))[:, 0]  # (nb, n) block dot products
             np.multiply(p, d, out=p)
             y = out[t0 - r0 : t1 - r0]
@@ -239,7 +243,7 @@ class BlockWeight(Weight):
         conversion is shared by all T rows of x."""
         for t0, t1, q, d, m in self._tiles_in(r0, r1):
             n = t1 - t0
-            w = self.unpack(q, scratch((self.shape[1], n))).reshape(self.nb, BLOCK, n)
+            w = self.unpack(q, scratch((self.shape[1], n))).reshape(self.nb, self.block, n)
             if self.offset:
                 w += np.float32(self.offset)
             w *= d[:, None, :]
@@ -252,9 +256,11 @@ class BlockWeight(Weight):
     def from_float(cls, w: np.ndarray) -> Self:
         w = check_float_matrix(w, cls.fmt)
         rows, cols = w.shape
-        if cols % BLOCK:
-            raise QuantError(f"{cls.fmt}: the input dimension {cols} is not a multiple of {BLOCK}")
-        blocks = w.reshape(rows, cols // BLOCK, BLOCK)
+        if cols % cls.block:
+            raise QuantError(
+                f"{cls.fmt}: the input dimension {cols} is not a multiple of {cls.block}"
+            )
+        blocks = w.reshape(rows, cols // cls.block, cls.block)
         # A subnormal scale has an infinite inverse; GGML computes codes anyway (and the
         # float16 scale is then 0), so the reference's warnings are silenced, not its math.
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):

@@ -7,8 +7,10 @@ so everything works without numba, in NumPy.
 
 from __future__ import annotations
 
-from .jit import set_threads, threading_layer
-from .weights import FORMATS
+from .jit import kernel_cache, set_threads, threading_layer
+
+with kernel_cache():  # the kernels below are compiled into the project's cache
+    from .weights import FORMATS
 
 __all__ = ["FORMATS", "set_threads", "threading_layer"]
 

@@ -14,7 +14,11 @@ on a machine pays the compile time.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 # Read by libgomp when numba first loads its OpenMP pool: spin ~1 ms before sleeping
 # (the default, 300,000 spins, measured ~10 ms of a busy core here after the last call).
@@ -64,6 +68,27 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
         return numba.njit(f, **options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+@contextlib.contextmanager
+def kernel_cache() -> Iterator[None]:
+    """Kernels defined inside are cached on disk in the project's cache, under a key made
+    of every source file of this package and numba's version. numba itself keys a
+    kernel's cache on its own file only, so a change to a helper in another file (this
+    one) would load stale machine code; and the project's cache is the one kept between
+    runs. An explicit NUMBA_CACHE_DIR wins."""
+    from ..cache import cache_dir
+
+    saved = numba.config.CACHE_DIR
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        h = hashlib.sha256(numba.__version__.encode())
+        for source in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(source.read_bytes())
+        numba.config.CACHE_DIR = str(cache_dir() / "kernels" / h.hexdigest()[:16])
+    try:
+        yield
+    finally:
+        numba.config.CACHE_DIR = saved
 
 
 def threading_layer() -> str:
@@ -309,3 +334,23 @@ def zero16(typingctx, dst, at):
         builder.store(ir.Constant(f32x16, None), dp, align=4)
 
     return types.void(dst, types.intp), codegen
+
+
+@intrinsic
+def fma16vv(typingctx, acc, at, a, a_at, b, b_at):
+    """acc.flat[at:at + 16] += a.flat[a_at:a_at + 16] * b.flat[b_at:b_at + 16] (float32)."""
+
+    def codegen(context, builder, sig, args):
+        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+
+        def lanes(k: int, at_arg: int):
+            ary = context.make_array(sig.args[k])(context, builder, args[k])
+            return builder.bitcast(builder.gep(ary.data, [args[at_arg]]), f32x16)
+
+        dp, a_lanes, b_lanes = lanes(0, 1), lanes(2, 3), lanes(4, 5)
+        a_val, b_val = builder.load(a_lanes, align=4), builder.load(b_lanes, align=4)
+        product = builder.fmul(a_val, b_val, flags=["contract"])
+        total = builder.fadd(builder.load(dp, align=4), product, flags=["contract"])
+        builder.store(total, dp, align=4)
+
+    return types.void(acc, types.intp, a, types.intp, b, types.intp), codegen

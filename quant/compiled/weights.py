@@ -25,7 +25,8 @@ from ..base import Weight
 from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from ..errors import QuantError
 from ..floats import BF16Weight, F16Weight, F32Weight
-from . import dequant, matvec
+from ..ggml import GGML_FORMATS, GGMLWeight
+from . import dequant, ggml, matvec
 from .matvec import GROUP
 
 # Weights dequantized per tile in prefill: a 4 MiB float32 tile stays in the L2/L3 caches.
@@ -111,6 +112,32 @@ class CBF16Weight(CompiledMatrix, BF16Weight):
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
 
 
+def grouped_dequantize(w, r0: int, r1: int | None) -> np.ndarray:
+    """Rows r0:r1 of a matrix stored in groups of rows, through its dequantize_groups."""
+    r1 = w.shape[0] if r1 is None else r1
+    if r1 <= r0:
+        return np.empty((0, w.shape[1]), np.float32)
+    g0, g1 = r0 // GROUP, -(-r1 // GROUP)
+    tile = np.empty((GROUP * (g1 - g0), w.shape[1]), np.float32)
+    w.dequantize_groups(g0, g1, tile)
+    return tile[r0 - GROUP * g0 : r1 - GROUP * g0]
+
+
+def grouped_matmul(w, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T tile by tile: groups of rows dequantized into a float32 buffer, then
+    one sgemm each."""
+    rows, cols = w.shape
+    groups = -(-rows // GROUP)
+    per_tile = max(1, TILE_WEIGHTS // (GROUP * cols))
+    buf = np.empty((GROUP * per_tile, cols), np.float32)
+    for g0 in range(0, groups, per_tile):
+        g1 = min(groups, g0 + per_tile)
+        a, b = GROUP * g0, min(rows, GROUP * g1)
+        tile = buf[: GROUP * (g1 - g0)]
+        w.dequantize_groups(g0, g1, tile)
+        np.matmul(x, tile[: b - a].T, out=out[:, a:b])
+
+
 class CompiledBlockWeight(CompiledMatrix, BlockWeight):
     """q8_0, q4_0, q4_1 in groups of GROUP rows (see the module docstring)."""
 
@@ -165,28 +192,13 @@ class CompiledBlockWeight(CompiledMatrix, BlockWeight):
         return out
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
-        r1 = self.shape[0] if r1 is None else r1
-        if r1 <= r0:
-            return np.empty((0, self.shape[1]), np.float32)
-        g0, g1 = r0 // GROUP, -(-r1 // GROUP)
-        tile = np.empty((GROUP * (g1 - g0), self.shape[1]), np.float32)
-        self.dequantize_groups(g0, g1, tile)
-        return tile[r0 - GROUP * g0 : r1 - GROUP * g0]
+        return grouped_dequantize(self, r0, r1)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
     def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
-        """Tile by tile: dequantize groups of rows into a float32 buffer, then one sgemm."""
-        rows, cols = self.shape
-        per_tile = max(1, TILE_WEIGHTS // (GROUP * cols))
-        buf = np.empty((GROUP * per_tile, cols), np.float32)
-        for g0 in range(0, self.codes.shape[0], per_tile):
-            g1 = min(self.codes.shape[0], g0 + per_tile)
-            a, b = GROUP * g0, min(rows, GROUP * g1)
-            tile = buf[: GROUP * (g1 - g0)]
-            self.dequantize_groups(g0, g1, tile)
-            np.matmul(x, tile[: b - a].T, out=out[:, a:b])
+        grouped_matmul(self, x, out)
 
 
 class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
@@ -222,7 +234,70 @@ class CQ4_1Weight(CompiledNibbleWeight, Q4_1Weight):
     pass
 
 
+class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
+    """q5_0, q5_1 and the K-quants: their GGUF blocks as stored, in groups of 4 rows
+    interleaved block by block; the kernels decode them in registers (ggml.py)."""
+
+    def __init__(self, shape: tuple[int, int], raw: np.ndarray) -> None:
+        Weight.__init__(self, shape)
+        lay = self.layout
+        rows, cols = self.shape
+        if cols % lay.weights:
+            raise QuantError(
+                f"{self.fmt}: the row length {cols} is not a multiple of {lay.weights}"
+            )
+        raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
+        if raw.shape[1] != cols // lay.weights * lay.nbytes:
+            raise QuantError(f"{self.fmt}: {raw.shape[1]} bytes per row do not fit {cols} weights")
+        self.blocks = to_groups(raw, lay.nbytes)
+        self.code = ggml.CODES[self.fmt]
+
+    @classmethod
+    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray):
+        return cls(shape, raw)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"blocks": self.blocks}
+
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        self.blocks = arrays.get("blocks", self.blocks)
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        """The stored blocks of the rows padded to a multiple of GROUP."""
+        rows, cols = shape
+        return -(-rows // GROUP) * GROUP * (cols // cls.layout.weights) * cls.layout.nbytes
+
+    def to_blocks(self) -> np.ndarray:
+        return from_groups(self.blocks, self.shape[0], self.layout.nbytes)
+
+    def export(self) -> dict[str, np.ndarray]:
+        return {"blocks": self.to_blocks()}
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        return grouped_dequantize(self, r0, r1)
+
+    def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
+        lay = self.layout
+        ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        grouped_matmul(self, x, out)
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        lay = self.layout
+        ggml.matvec_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, norm, eps, mode,
+                         add, out)  # fmt: skip
+
+
+def _compiled_ggml(fmt: str) -> type[CompiledGGMLWeight]:
+    return type(f"C{fmt.upper()}Weight", (CompiledGGMLWeight, GGML_FORMATS[fmt]), {})
+
+
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls
     for cls in (CF32Weight, CF16Weight, CBF16Weight, CQ8_0Weight, CQ4_0Weight, CQ4_1Weight)
-}
+} | {fmt: _compiled_ggml(fmt) for fmt in GGML_FORMATS}
