@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import LlamaNpError
 
-SUPPORTED_TYPES = ("llama", "mistral")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 # Far beyond any llama-family model, small enough that a corrupt config cannot ask for
 # terabytes: a config is untrusted input.
 _MAX_DIM = 1 << 17
@@ -34,7 +34,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class Config:
-    arch: str  # "llama" or "mistral": the same block, mistral adds the sliding window
+    arch: str  # "llama", "mistral" (adds a sliding window), "qwen2" (adds q, k, v biases)
     dim: int  # width of the residual stream (hidden_size)
     n_layers: int
     n_heads: int  # query heads
@@ -48,6 +48,7 @@ class Config:
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None  # None: full attention
     tie_embeddings: bool = False  # the LM head reuses the token embedding table
+    qkv_bias: bool = False  # qwen2: the q, k and v projections add a bias
     bos_id: int | None = 1
     eos_ids: tuple[int, ...] = (2,)
     # GGUF's rope_freqs tensor: each inverse frequency is divided by its factor (how
@@ -177,8 +178,13 @@ def config_from_hf(d: dict[str, Any]) -> Config:
     n_heads = _int(d, "num_attention_heads", 1, _MAX_DIM)
     head_dim = d.get("head_dim") or dim // n_heads  # null or absent: dim / heads
     theta, scaling = _rope(d)
-    # transformers' MistralConfig defaults the window to 4096 when the key is absent.
+    # transformers' MistralConfig defaults the window to 4096 when the key is absent; Qwen2
+    # names a window but uses it only with use_sliding_window (and then not in every layer).
     window = d.get("sliding_window", 4096 if arch == "mistral" else None)
+    if arch == "qwen2":
+        if d.get("use_sliding_window"):
+            raise LlamaNpError("config: Qwen2's use_sliding_window is not supported")
+        window = None
     bos, eos = d.get("bos_token_id", 1), d.get("eos_token_id", 2)
     return Config(
         arch=arch,
@@ -197,6 +203,7 @@ def config_from_hf(d: dict[str, Any]) -> Config:
         if window is None
         else _int({"sliding_window": window}, "sliding_window", 1, _MAX_CONTEXT),
         tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2",
         bos_id=None if bos is None else _ids(bos, "bos_token_id")[0],
         eos_ids=() if eos is None else _ids(eos, "eos_token_id"),
     )
@@ -204,8 +211,9 @@ def config_from_hf(d: dict[str, Any]) -> Config:
 
 def config_to_hf(c: Config) -> dict[str, Any]:
     """The config.json of a Config (for checkpoints written from a GGUF file)."""
+    names = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
     d: dict[str, Any] = {
-        "architectures": ["MistralForCausalLM" if c.arch == "mistral" else "LlamaForCausalLM"],
+        "architectures": [names.get(c.arch, "LlamaForCausalLM")],
         "model_type": c.arch,
         "hidden_size": c.dim,
         "num_hidden_layers": c.n_layers,

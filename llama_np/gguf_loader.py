@@ -1,7 +1,8 @@
 """GGUF files, read with the gguf package's memory-mapped reader.
 
-Metadata becomes a Config, tensors keep their stored format (F32, F16, BF16, Q8_0, Q4_0,
-Q4_1) unless the caller converts them, and the vocabulary becomes a tokenizers-library
+Metadata becomes a Config (architectures llama and qwen2), tensors keep their stored
+format (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) unless the caller
+converts them, and the vocabulary becomes a tokenizers-library
 tokenizer: byte-level BPE (`gpt2`, with the pre-tokenizer `tokenizer.ggml.pre` names) or
 sentencepiece-style BPE (`llama`, tokens and scores).
 
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
     from gguf import GGUFReader
 
 # GGML type id -> our format name
-GGML_TYPES = {0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1"}
+GGML_TYPES = {
+    0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1",
+    10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k",
+}  # fmt: skip
 LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -81,11 +85,15 @@ class Metadata:
         return float(value) if kind is float else value
 
 
+ARCHITECTURES = ("llama", "qwen2")
+
+
 def config_from_gguf(meta: Metadata, names: set[str], factors: np.ndarray | None) -> Config:
     arch = meta.get("general.architecture", str)
-    if arch != "llama":
+    if arch not in ARCHITECTURES:
         raise LlamaNpError(
-            f"{meta.path}: unsupported GGUF architecture {arch!r} (supported: llama)"
+            f"{meta.path}: unsupported GGUF architecture {arch!r} "
+            f"(supported: {', '.join(ARCHITECTURES)})"
         )
     a = arch + "."
     dim = meta.get(a + "embedding_length", int)
@@ -100,7 +108,7 @@ def config_from_gguf(meta: Metadata, names: set[str], factors: np.ndarray | None
     tokens = meta.fields.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens.data) if tokens is not None else ...
     hf: dict[str, Any] = {
-        "model_type": "llama",
+        "model_type": arch,
         "hidden_size": dim,
         "num_hidden_layers": meta.get(a + "block_count", int),
         "num_attention_heads": n_heads,
@@ -145,9 +153,9 @@ def gguf_tensor(t: Any, n_head: int | None, backend: Backend) -> Tensor:
     fmt = GGML_TYPES.get(int(t.tensor_type))
     if fmt is None:
         kind = getattr(t.tensor_type, "name", t.tensor_type)
+        supported = ", ".join(f.upper() for f in GGML_TYPES.values())
         raise LlamaNpError(
-            f"tensor {t.name!r} has GGML type {kind}, which is not supported "
-            "(F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+            f"tensor {t.name!r} has GGML type {kind}, which is not supported ({supported})"
         )
     shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists ne0 (the input dim) first
     data = t.data
@@ -207,11 +215,19 @@ def load_gguf(path: Path, backend: Backend) -> Source:
 
 
 def gguf_to_hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
-    """HF name of a GGUF tensor, and the head count to un-permute its rows by (Q, K)."""
+    """HF name of a GGUF tensor, and the head count to un-permute its rows by: Q and K of
+    llama, which llama.cpp's converter permutes for its RoPE (not those of qwen2)."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], None
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_TENSORS and parts[3] == "weight":
-        heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}.get(parts[2])
-        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.weight", heads
+    if (
+        len(parts) == 4
+        and parts[0] == "blk"
+        and parts[2] in LAYER_TENSORS
+        and parts[3] in ("weight", "bias")
+    ):
+        heads = None
+        if c.arch == "llama":
+            heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}.get(parts[2])
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}", heads
     return None, None

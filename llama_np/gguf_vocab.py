@@ -24,12 +24,13 @@ LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")  # one digit at a time
 # llama.cpp pre-tokenizer names -> which of the splits below
 PRE_TYPES = {
     "default": "gpt2", "gpt2": "gpt2", "gpt-2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
     "smollm": "digits", "starcoder": "digits", "refact": "digits", "command-r": "digits",
     "codeshell": "digits", "exaone": "digits",
-    "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3",
+    "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3", "qwen2": "qwen2",
 }  # fmt: skip
 
 
@@ -42,10 +43,11 @@ def byte_level_pre_tokenizer(pre: str) -> Any:
         return byte_level
     if kind == "digits":  # every digit alone, then GPT-2's regex
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if kind == "llama3":
+    if kind in ("llama3", "qwen2"):
+        regex = LLAMA3_REGEX if kind == "llama3" else QWEN2_REGEX
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+                pre_tokenizers.Split(Regex(regex), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )

@@ -80,9 +80,13 @@ def open_source(path: str | Path, backend: Backend | None = None) -> Source:
     return Source(ckpt.config, tensors, load_tokenizer(directory), directory, "hf")
 
 
-def layer_tensor_names(i: int) -> dict[str, str]:
+def layer_tensor_names(i: int, c: Config | None = None) -> dict[str, str]:
+    """The HF names of layer i's tensors (with q, k, v biases when the config has them)."""
     p = f"model.layers.{i}."
-    return {
+    biases = {
+        f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"
+    } if c is not None and c.qkv_bias else {}  # fmt: skip
+    return biases | {
         "attn_norm": p + "input_layernorm.weight",
         "wq": p + "self_attn.q_proj.weight",
         "wk": p + "self_attn.k_proj.weight",
@@ -97,6 +101,9 @@ def layer_tensor_names(i: int) -> dict[str, str]:
 
 def _layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     return {
+        "bq": (c.q_dim,),
+        "bk": (c.kv_dim,),
+        "bv": (c.kv_dim,),
         "attn_norm": (c.dim,),
         "wq": (c.q_dim, c.dim),
         "wk": (c.kv_dim, c.dim),
@@ -136,8 +143,10 @@ def build_weights(
     for f in (fmt, head_fmt):
         if f is not None:
             backend.weight_class(f)  # an unknown format fails before any work
-    names = [layer_tensor_names(i) for i in range(c.n_layers)]
+    names = [layer_tensor_names(i, c) for i in range(c.n_layers)]
     shapes = _layer_shapes(c)
+    if not c.qkv_bias and (extra := next((n for n in tensors if n.endswith("_proj.bias")), None)):
+        raise LlamaNpError(f"tensor {extra!r}: biases are not supported for {c.arch}")
     raw = [{k: _get(tensors, n[k], shapes[k]) for k in n} for n in names]
     embed = _get(tensors, "model.embed_tokens.weight", (c.vocab_size, c.dim))
     norm = _get(tensors, "model.norm.weight", (c.dim,))
@@ -157,10 +166,12 @@ def build_weights(
     layers = []
     for r in raw:
         m = {k: to(v, fmt) if isinstance(v, Weight) else v for k, v in r.items()}
+        bias = np.concatenate([m["bq"], m["bk"], m["bv"]]) if c.qkv_bias else None
         layers.append(
             Layer(
                 attn_norm=m["attn_norm"],
                 wqkv=stack_rows([m["wq"], m["wk"], m["wv"]]),
+                qkv_bias=bias,
                 wo=m["wo"],
                 mlp_norm=m["mlp_norm"],
                 w_gate_up=stack_rows([m["w_gate"], m["w_up"]]),

@@ -44,6 +44,7 @@ class Layer:
     mlp_norm: np.ndarray  # (dim,)
     w_gate_up: Weight  # (2 * hidden_dim, dim)
     w_down: Weight  # (dim, hidden_dim)
+    qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
 
 
 @dataclass
@@ -64,8 +65,12 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        norms = self.norm.nbytes + sum(l.attn_norm.nbytes + l.mlp_norm.nbytes for l in self.layers)
-        return norms + sum(w.nbytes for w in self.matrices())
+        vectors = [self.norm] + [
+            v for l in self.layers for v in (l.attn_norm, l.mlp_norm, l.qkv_bias)
+        ]
+        return sum(v.nbytes for v in vectors if v is not None) + sum(
+            w.nbytes for w in self.matrices()
+        )
 
 
 class Transformer:
@@ -109,7 +114,7 @@ class Transformer:
         x = k.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
         for i, layer in enumerate(w.layers):
-            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN)  # (T, q_dim + 2 kv_dim)
+            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)  # (T, q+2kv)
             att = k.attention(qkv, cache, i, rot)  # (T, q_dim)
             x = k.linear_add(x, layer.wo, att, ATTN)
             gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)

@@ -28,11 +28,17 @@ class Seam:
         self.meter.read("embedding", len(tokens) * table.row_nbytes)
         return table.rows(tokens)
 
-    def norm_linear(self, x: np.ndarray, norm: np.ndarray, w: Weight, category: str) -> np.ndarray:
-        """rmsnorm(x) @ W.T: (T, dim) -> (T, rows)"""
+    def norm_linear(
+        self, x: np.ndarray, norm: np.ndarray, w: Weight, category: str, bias=None
+    ) -> np.ndarray:
+        """rmsnorm(x) @ W.T (+ bias): (T, dim) -> (T, rows)"""
         self.meter.read("norms", norm.nbytes)
         self.meter.read(category, w.nbytes)
-        return self.ops.norm_linear(x, norm, self.eps, w)
+        y = self.ops.norm_linear(x, norm, self.eps, w)
+        if bias is not None:
+            self.meter.read(category, bias.nbytes)
+            y += bias
+        return y
 
     def attention(self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary) -> np.ndarray:
         """RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) -> (T, q_dim)"""
@@ -64,9 +70,11 @@ class Profiled(Seam):
         self.meter.lap("embedding", t0)
         return out
 
-    def norm_linear(self, x: np.ndarray, norm: np.ndarray, w: Weight, category: str) -> np.ndarray:
+    def norm_linear(
+        self, x: np.ndarray, norm: np.ndarray, w: Weight, category: str, bias=None
+    ) -> np.ndarray:
         t0 = perf_counter()
-        out = super().norm_linear(x, norm, w, category)
+        out = super().norm_linear(x, norm, w, category, bias)
         self.meter.lap(category, t0)
         return out
 

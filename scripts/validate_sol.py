@@ -95,7 +95,9 @@ def main() -> None:
     rows: list[Row] = []
     for sw in SWEEPS:
         for weights in sw.weights:
-            print(f"validate_sol: {sw.model} {sw.kernels} {weights or 'as stored'}", file=sys.stderr)
+            print(
+                f"validate_sol: {sw.model} {sw.kernels} {weights or 'as stored'}", file=sys.stderr
+            )
             rows += sweep(sw, weights, s, probe, threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,9 @@ def plot(rows: list[Row], path: Path, machine: str) -> None:
     lim = [min(r.sol_ms for r in rows) * 0.8, max(r.decode_ms for r in rows) * 1.3]
     a.plot(lim, lim, "k--", lw=1)
     a.plot(lim, [1.25 * v for v in lim], "k:", lw=0.8)
-    a.text(lim[0] * 1.1, lim[0] * 1.5, "measured = predicted (dotted: 1.25x)", fontsize=7, rotation=35)
+    a.text(
+        lim[0] * 1.1, lim[0] * 1.5, "measured = predicted (dotted: 1.25x)", fontsize=7, rotation=35
+    )
     handles = [a.scatter([], [], color=c, label=f) for f, c in colors.items()]
     handles += [a.scatter([], [], marker=m, color="k", label=n) for n, m in markers.items()]
     handles += [a.scatter([], [], marker="o", color="k", label="compiled kernels (numba)"),

@@ -21,16 +21,21 @@ def warm_up(formats: list[str], kv_formats: list[str]) -> None:
     load with one clear error, and the first token does not pay the compile time."""
     import numpy as np
 
+    from ..ggml import LAYOUTS, random_blocks
     from ..kv import KV_FORMATS
     from . import attention, ops
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal(64).astype(np.float32)
+    x = rng.standard_normal(256).astype(np.float32)
     for fmt in formats:
-        w = FORMATS[fmt].from_float(rng.standard_normal((5, 64)).astype(np.float32))
+        if fmt in LAYOUTS:  # GGUF formats, some of which cannot be quantized to
+            w = FORMATS[fmt].from_blocks((5, 256), random_blocks(fmt, 5, 256, rng))
+        else:
+            w = FORMATS[fmt].from_float(rng.standard_normal((5, 256)).astype(np.float32))
         w.matvec(x)
         w.matmul(x[None].repeat(2, 0))
         w.rows(np.array([1]))
+    x = x[:64]
     out = np.empty(64, np.float32)
     ops.rmsnorm(x, x, np.float32(1e-5), out)
     ops.prepare(x, x, np.float32(1e-5), ops.NORM)

@@ -9,6 +9,8 @@ dequantization is ~8% of a product's work)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .jit import f16, hi4, i8, kernel, lo4
 from .matvec import GROUP
 
@@ -50,3 +52,27 @@ def dequant_q4(codes, scales, mins, factor, g0, g1, out):
                     byte = q[64 * b + 16 * i + j]
                     out[row, 32 * b + j] = d * lo4(byte) + m
                     out[row, 32 * b + 16 + j] = d * hi4(byte) + m
+
+
+@kernel
+def dequant_q5(codes, scales, mins, has_min, bits, g0, g1, out):
+    """Groups g0:g1 of a grouped q5_0 / q5_1 matrix -> out (GROUP * (g1 - g0), cols):
+    q = nibble + 16 fifth bit; q5_1: x = d q + m, q5_0: x = d (q - 16), as gguf.quants."""
+    nb = scales.shape[1] // GROUP
+    for g in range(g0, g1):
+        q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
+        for b in range(nb):
+            for i in range(GROUP):
+                d, m = f16(s[GROUP * b + i]), f16(mg[GROUP * b + i])
+                word = np.int64(hb[GROUP * b + i])
+                row = GROUP * (g - g0) + i
+                for j in range(16):
+                    byte = q[64 * b + 16 * i + j]
+                    lo = np.int64(byte & 15) | (((word >> j) & 1) << 4)
+                    hi = np.int64(byte >> 4) | (((word >> (j + 16)) & 1) << 4)
+                    if has_min:
+                        out[row, 32 * b + j] = d * np.float32(lo) + m
+                        out[row, 32 * b + 16 + j] = d * np.float32(hi) + m
+                    else:
+                        out[row, 32 * b + j] = d * np.float32(lo - 16)
+                        out[row, 32 * b + 16 + j] = d * np.float32(hi - 16)

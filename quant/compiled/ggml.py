@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
-from .jit import f16, fma16vv, kernel, stack_f32, zero16
+from .jit import f16, field, fma16vv, kernel, stack_f32, zero16
 from .matvec import CHUNK, GROUP, lane_sum, put
 from .ops import prologue
 
@@ -32,11 +32,11 @@ def half(b, o):
 
 
 @kernel(inline=True)
-def decode_q5(b, o, out, at, has_min):
+def decode_q5(b, out, has_min):
     """q5_1: x = d q + m; q5_0: x = d (q - 16) (no addition: -0.0 stays -0.0)."""
-    d = half(b, o)
-    m = half(b, o + 2) if has_min else np.float32(0)
-    h = o + 4 if has_min else o + 2
+    d = half(b, 0)
+    m = half(b, 2) if has_min else np.float32(0)
+    h = 4 if has_min else 2
     bits = np.int64(b[h]) | (np.int64(b[h + 1]) << 8) | (np.int64(b[h + 2]) << 16)
     bits |= np.int64(b[h + 3]) << 24  # bit j: the fifth bit of element j
     for j in range(16):
@@ -44,91 +44,117 @@ def decode_q5(b, o, out, at, has_min):
         lo = (q & 15) | (((bits >> j) & 1) << 4)
         hi = (q >> 4) | (((bits >> (j + 16)) & 1) << 4)
         if has_min:
-            out[at + j] = d * np.float32(lo) + m
-            out[at + j + 16] = d * np.float32(hi) + m
+            out[j] = d * np.float32(lo) + m
+            out[j + 16] = d * np.float32(hi) + m
         else:
-            out[at + j] = d * np.float32(lo - 16)
-            out[at + j + 16] = d * np.float32(hi - 16)
+            out[j] = d * np.float32(lo - 16)
+            out[j + 16] = d * np.float32(hi - 16)
+
+
+# The decoders below walk the stored bytes in runs of 16 or 32 contiguous bytes with one
+# shift and one mask per run, and read each bit field in 8-bit lanes (`field`): loops LLVM
+# turns into byte-vector instructions. K-quants store a super-block's 256 codes as
+# 2-bit or 4-bit fields of 32-byte (q6_k's low bits: 64-byte) runs: element 128 h + 32 f
+# + j sits in field f of byte j of half h.
 
 
 @kernel(inline=True)
-def decode_q2_k(b, o, out, at):
-    d, dmin = half(b, o + 80), half(b, o + 82)
-    for s in range(16):  # sub-blocks of 16: elements 16 s .. 16 s + 15
-        sc = b[o + s]
-        ds, ms = d * np.float32(sc & 15), -(dmin * np.float32(sc >> 4))
-        for j in range(16):
-            e = 16 * s + j  # element e: half e // 128, 2-bit field (e % 128) // 32, byte e % 32
-            q = (b[o + 16 + 32 * (e // 128) + e % 32] >> (2 * ((e % 128) // 32))) & 3
-            out[at + e] = ds * np.float32(q) + ms
+def decode_q2_k(b, out):
+    d, dmin = half(b, 80), half(b, 82)
+    for hf in range(2):
+        for f in range(4):  # a run of 32 bytes: sub-blocks s and s + 1 of 16 elements
+            s = 8 * hf + 2 * f
+            d0, m0 = d * np.float32(b[s] & 15), -(dmin * np.float32(b[s] >> 4))
+            d1, m1 = d * np.float32(b[s + 1] & 15), -(dmin * np.float32(b[s + 1] >> 4))
+            src, dst = 16 + 32 * hf, 16 * s
+            for j in range(32):
+                ds, ms = (d0, m0) if j < 16 else (d1, m1)
+                out[dst + j] = ds * field(b[src + j], 2 * f, 3) + ms
 
 
 @kernel(inline=True)
-def decode_q3_k(b, o, out, at):
-    d = half(b, o + 108)
-    for s in range(16):
-        low = (b[o + 96 + s % 8] >> (4 * (s // 8))) & 15
-        high = (b[o + 104 + s % 4] >> (2 * (s // 4))) & 3
-        ds = d * np.float32(np.int32(low | (high << 4)) - 32)
-        for j in range(16):
-            e = 16 * s + j
-            q = np.int32((b[o + 32 + 32 * (e // 128) + e % 32] >> (2 * ((e % 128) // 32))) & 3)
-            h = np.int32((b[o + e % 32] >> (e // 32)) & 1)
-            out[at + e] = ds * np.float32(q - 4 * (1 - h))
+def q3_scale(b, d, s):
+    """The scale of sub-block s of q3_k: 6 bits, signed, under d."""
+    low = (b[96 + s % 8] >> (4 * (s // 8))) & 15
+    high = (b[104 + s % 4] >> (2 * (s // 4))) & 3
+    return d * np.float32(np.int64(low | (high << 4)) - 32)
 
 
 @kernel(inline=True)
-def scale_min_k4(b, o, s):
-    """The 6-bit scale and min of sub-block s of q4_k / q5_k (scales at b[o + 4:o + 16])."""
+def decode_q3_k(b, out):
+    d = half(b, 108)
+    for hf in range(2):
+        for f in range(4):  # element 128 hf + 32 f + j: hmask bit 4 hf + f of byte j
+            s = 8 * hf + 2 * f
+            d0, d1 = q3_scale(b, d, s), q3_scale(b, d, s + 1)
+            src, dst = 32 + 32 * hf, 16 * s
+            for j in range(32):
+                ds = d0 if j < 16 else d1
+                q = field(b[src + j], 2 * f, 3) + np.float32(4) * field(b[j], 4 * hf + f, 1)
+                out[dst + j] = ds * (q - np.float32(4))
+
+
+@kernel(inline=True)
+def scale_min_k4(b, s):
+    """The 6-bit scale and min of sub-block s of q4_k / q5_k (scales at b[4:16])."""
     if s < 4:
-        return b[o + 4 + s] & 63, b[o + 8 + s] & 63
-    sc = (b[o + 12 + s - 4] & 15) | ((b[o + 4 + s - 4] >> 6) << 4)
-    mn = (b[o + 12 + s - 4] >> 4) | ((b[o + 8 + s - 4] >> 6) << 4)
+        return b[4 + s] & 63, b[8 + s] & 63
+    sc = (b[12 + s - 4] & 15) | ((b[4 + s - 4] >> 6) << 4)
+    mn = (b[12 + s - 4] >> 4) | ((b[8 + s - 4] >> 6) << 4)
     return sc, mn
 
 
 @kernel(inline=True)
-def decode_q45_k(b, o, out, at, five):
-    d, dmin = half(b, o), half(b, o + 2)
-    qs = o + 48 if five else o + 16
-    for s in range(8):  # sub-blocks of 32: nibble s % 2 of bytes 32 (s // 2) ..
-        sc, mn = scale_min_k4(b, o, s)
+def decode_q45_k(b, out, five):
+    d, dmin = half(b, 0), half(b, 2)
+    qs = 48 if five else 16
+    for s in range(8):  # sub-blocks of 32: nibble s % 2 of the bytes 32 (s // 2) ...
+        sc, mn = scale_min_k4(b, s)
         ds, ms = d * np.float32(sc), -(dmin * np.float32(mn))
-        for j in range(32):
-            q = (b[qs + 32 * (s // 2) + j] >> (4 * (s % 2))) & 15
-            if five:
-                q |= ((b[o + 16 + j] >> s) & 1) << 4
-            out[at + 32 * s + j] = ds * np.float32(q) + ms
+        src, dst = qs + 32 * (s // 2), 32 * s
+        if five:  # bit s of byte j of qh: the fifth bit of element j
+            for j in range(32):
+                q = field(b[src + j], 4 * (s % 2), 15) + np.float32(16) * field(b[16 + j], s, 1)
+                out[dst + j] = ds * q + ms
+        else:
+            for j in range(32):
+                out[dst + j] = ds * field(b[src + j], 4 * (s % 2), 15) + ms
 
 
 @kernel(inline=True)
-def decode_q6_k(b, o, out, at):
-    d = half(b, o + 208)
-    for e in range(256):
-        hf, r = e // 128, e % 128  # half, then 64 low nibbles and 64 high nibbles of ql
-        low = (b[o + 64 * hf + r % 64] >> (4 * (r // 64))) & 15
-        high = (b[o + 128 + 32 * hf + r % 32] >> (2 * (r // 32))) & 3
-        ds = d * np.float32(np.int8(b[o + 192 + e // 16]))
-        out[at + e] = ds * np.float32(np.int32(low | (high << 4)) - 32)
+def decode_q6_k(b, out):
+    d = half(b, 208)
+    for hf in range(2):
+        for f in range(4):  # element 128 hf + 32 f + j: nibble f // 2 of ql, field f of qh
+            s = 8 * hf + 2 * f
+            d0 = d * np.float32(np.int8(b[192 + s]))
+            d1 = d * np.float32(np.int8(b[192 + s + 1]))
+            lo, hi, dst = 64 * hf + 32 * (f & 1), 128 + 32 * hf, 16 * s
+            for j in range(32):
+                ds = d0 if j < 16 else d1
+                q = field(b[lo + j], 4 * (f >> 1), 15) + np.float32(16) * field(b[hi + j], 2 * f, 3)
+                out[dst + j] = ds * (q - np.float32(32))
 
 
 @kernel(inline=True)
-def decode(fmt, b, o, out, at):
-    """Block of format `fmt` at b[o:] -> its float32 values at out[at:]."""
+def decode(fmt, b, out):
+    """The bytes of one block of format `fmt` -> its float32 values. Both are views that
+    start at the block: an index that may be negative costs numba a wrap-around test per
+    access, and LLVM then loads byte by byte."""
     if fmt == Q5_0:
-        decode_q5(b, o, out, at, False)
+        decode_q5(b, out, False)
     elif fmt == Q5_1:
-        decode_q5(b, o, out, at, True)
+        decode_q5(b, out, True)
     elif fmt == Q2_K:
-        decode_q2_k(b, o, out, at)
+        decode_q2_k(b, out)
     elif fmt == Q3_K:
-        decode_q3_k(b, o, out, at)
+        decode_q3_k(b, out)
     elif fmt == Q4_K:
-        decode_q45_k(b, o, out, at, False)
+        decode_q45_k(b, out, False)
     elif fmt == Q5_K:
-        decode_q45_k(b, o, out, at, True)
+        decode_q45_k(b, out, True)
     else:
-        decode_q6_k(b, o, out, at)
+        decode_q6_k(b, out)
 
 
 @kernel(parallel=True)
@@ -148,7 +174,8 @@ def matvec_ggml(blocks, fmt, nbytes, weights, x, norm, eps, mode, add, out):
             bg = blocks[g]
             for blk in range(nblocks):
                 for i in range(GROUP):
-                    decode(fmt, bg, (GROUP * blk + i) * nbytes, vals, i * weights)
+                    o = (GROUP * blk + i) * nbytes
+                    decode(fmt, bg[o : o + nbytes], vals[i * weights : (i + 1) * weights])
                 for j in range(0, weights, 16):
                     for i in range(GROUP):
                         fma16vv(acc, 16 * i, vals, i * weights + j, x, blk * weights + j)
@@ -163,5 +190,6 @@ def dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, out):
     for g in range(g0, g1):
         for blk in range(nblocks):
             for i in range(GROUP):
-                row = out[GROUP * (g - g0) + i]
-                decode(fmt, blocks[g], (GROUP * blk + i) * nbytes, row, blk * weights)
+                o = (GROUP * blk + i) * nbytes
+                row = out[GROUP * (g - g0) + i, blk * weights : (blk + 1) * weights]
+                decode(fmt, blocks[g, o : o + nbytes], row)

@@ -354,3 +354,28 @@ def fma16vv(typingctx, acc, at, a, a_at, b, b_at):
         builder.store(total, dp, align=4)
 
     return types.void(acc, types.intp, a, types.intp, b, types.intp), codegen
+
+
+@intrinsic
+def bit(typingctx, word, j):
+    """Bit j (an integer below 32) of a uint32 word, as float32 0.0 or 1.0, in 32-bit
+    lanes (numba's own shifts widen to 64 bits and halve the lanes of a vector)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        shifted = builder.lshr(args[0], builder.trunc(args[1], i32))
+        return builder.uitofp(builder.and_(shifted, ir.Constant(i32, 1)), ir.FloatType())
+
+    return types.float32(types.uint32, types.intp), codegen
+
+
+@intrinsic
+def field(typingctx, byte, shift, mask):
+    """(byte >> shift) & mask as float32, in 8-bit lanes: a bit field of a stored byte."""
+
+    def codegen(context, builder, signature, args):
+        i8t = ir.IntType(8)
+        v = builder.lshr(args[0], builder.trunc(args[1], i8t))
+        return builder.uitofp(builder.and_(v, builder.trunc(args[2], i8t)), ir.FloatType())
+
+    return types.float32(types.uint8, types.intp, types.intp), codegen

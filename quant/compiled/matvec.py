@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
-from .jit import bf16, f16, f16x4, i8, kernel, lo4, stack_f32, u8
+from .jit import bf16, bit, f16, f16x4, i8, kernel, lo4, stack_f32, u8
 from .ops import prologue
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
@@ -173,5 +173,72 @@ def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
                     acc[16 + j] += d[1] * (lo4(q[o + 16 + j]) * a + u8(q[o + 16 + j]) * h)
                     acc[32 + j] += d[2] * (lo4(q[o + 32 + j]) * a + u8(q[o + 32 + j]) * h)
                     acc[48 + j] += d[3] * (lo4(q[o + 48 + j]) * a + u8(q[o + 48 + j]) * h)
+            for i in range(min(GROUP, rows - GROUP * g)):
+                put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
+
+
+@kernel(parallel=True)
+def matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
+    """q5_0 / q5_1: matvec_q4's layout and loop, plus `bits` (G, nb * 4) uint32, the fifth
+    bit of each of a block's 32 codes (bit j: element j), added as 16 x in float:
+    q . x = nibbles . x + 16 (bits . x). q5_1 passes its mins and factor 1; q5_0
+    (x = d (q - 16)) its scales and factor -16."""
+    x = prologue(x, norm, eps, mode)
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    xa, xb, xs = (
+        np.empty(16 * nb, np.float32),
+        np.empty(16 * nb, np.float32),
+        np.empty(nb, np.float32),
+    )
+    nibble_operands(x, xa, xb, xs)
+    x16 = np.empty_like(x)
+    for j in range(x.shape[0]):
+        x16[j] = np.float32(16) * x[j]
+    per = CHUNK // GROUP
+    for c in prange((groups + per - 1) // per):
+        acc = carray(stack_f32(64), 64)
+        corr = carray(stack_f32(4), 4)
+        d = carray(stack_f32(4), 4)
+        m = carray(stack_f32(4), 4)
+        for g in range(c * per, min(groups, c * per + per)):
+            for j in range(64):
+                acc[j] = 0
+            for i in range(4):
+                corr[i] = 0
+            q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
+            for b in range(nb):
+                f16x4(s, 4 * b, d)
+                f16x4(mg, 4 * b, m)
+                for i in range(4):
+                    corr[i] += m[i] * xs[b]
+                o, w = 64 * b, 4 * b
+                for j in range(16):
+                    a, h = xa[16 * b + j], xb[16 * b + j]
+                    lo, hi = x16[32 * b + j], x16[32 * b + 16 + j]
+                    acc[j] += d[0] * (
+                        lo4(q[o + j]) * a
+                        + u8(q[o + j]) * h
+                        + bit(hb[w], j) * lo
+                        + bit(hb[w], j + 16) * hi
+                    )
+                    acc[16 + j] += d[1] * (
+                        lo4(q[o + 16 + j]) * a
+                        + u8(q[o + 16 + j]) * h
+                        + bit(hb[w + 1], j) * lo
+                        + bit(hb[w + 1], j + 16) * hi
+                    )
+                    acc[32 + j] += d[2] * (
+                        lo4(q[o + 32 + j]) * a
+                        + u8(q[o + 32 + j]) * h
+                        + bit(hb[w + 2], j) * lo
+                        + bit(hb[w + 2], j + 16) * hi
+                    )
+                    acc[48 + j] += d[3] * (
+                        lo4(q[o + 48 + j]) * a
+                        + u8(q[o + 48 + j]) * h
+                        + bit(hb[w + 3], j) * lo
+                        + bit(hb[w + 3], j + 16) * hi
+                    )
             for i in range(min(GROUP, rows - GROUP * g)):
                 put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)

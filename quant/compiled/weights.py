@@ -60,6 +60,7 @@ def f16_bits(a: np.ndarray) -> np.ndarray:
 
 NO_NORM = np.zeros(1, np.float32)
 ONE, NIBBLE_OFFSET = np.float32(1), np.float32(-8)  # q4_1's factor on its mins; q4_0's
+Q5_OFFSET = np.float32(-16)  # q5_0: x = d (q - 16)
 ZERO = np.float32(0)
 
 
@@ -293,8 +294,81 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
                          add, out)  # fmt: skip
 
 
-def _compiled_ggml(fmt: str) -> type[CompiledGGMLWeight]:
-    return type(f"C{fmt.upper()}Weight", (CompiledGGMLWeight, GGML_FORMATS[fmt]), {})
+class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
+    """q5_0 and q5_1, re-laid at load as q4's groups of 4 interleaved rows (nibbles, float16
+    scales and mins) plus each block's 32 fifth bits as one uint32: the same 22 or 24 bytes
+    per block as stored, multiplied by a fused kernel (matvec.matvec_q5)."""
+
+    def __init__(self, shape: tuple[int, int], raw: np.ndarray) -> None:
+        Weight.__init__(self, shape)
+        rows, cols = self.shape
+        lay = self.layout
+        if cols % 32:
+            raise QuantError(f"{self.fmt}: the row length {cols} is not a multiple of 32")
+        nb = cols // 32
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, nb, lay.nbytes)
+        h = 4 if lay.has_min else 2  # where the fifth bits start
+        self.scales = to_groups(blocks[:, :, 0:2].copy().view(np.uint16)[:, :, 0], 1)
+        mins = blocks[:, :, 2:4].copy().view(np.uint16)[:, :, 0] if lay.has_min else None
+        self.mins = None if mins is None else to_groups(mins, 1)
+        self.bits = to_groups(blocks[:, :, h : h + 4].copy().view(np.uint32)[:, :, 0], 1)
+        self.codes = to_groups(blocks[:, :, h + 4 :].reshape(rows, -1), 16)
+
+    @classmethod
+    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray):
+        return cls(shape, raw)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"codes": self.codes, "scales": self.scales, "bits": self.bits}
+        return out | ({} if self.mins is None else {"mins": self.mins})
+
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        for key in self.arrays():
+            setattr(self, key, arrays.get(key, getattr(self, key)))
+
+    @classmethod
+    def nbytes_for(cls, shape: tuple[int, int]) -> int:
+        rows, cols = shape
+        return -(-rows // GROUP) * GROUP * (cols // 32) * cls.layout.nbytes
+
+    def to_blocks(self) -> np.ndarray:
+        rows, nb = self.shape[0], self.shape[1] // 32
+        parts = [from_groups(self.scales, rows, 1).view(np.uint8)]
+        if self.mins is not None:
+            parts.append(from_groups(self.mins, rows, 1).view(np.uint8))
+        parts.append(from_groups(self.bits, rows, 1).view(np.uint8))
+        parts.append(from_groups(self.codes, rows, 16))
+        return np.concatenate([p.reshape(rows, nb, -1) for p in parts], axis=2).reshape(rows, -1)
+
+    def export(self) -> dict[str, np.ndarray]:
+        return {"blocks": self.to_blocks()}
+
+    def _mins(self) -> tuple[np.ndarray, np.float32]:
+        return (self.scales, Q5_OFFSET) if self.mins is None else (self.mins, ONE)
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        return grouped_dequantize(self, r0, r1)
+
+    def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
+        mins = self.scales if self.mins is None else self.mins
+        dequant.dequant_q5(self.codes, self.scales, mins, self.mins is not None, self.bits,
+                           g0, g1, out)  # fmt: skip
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
+
+    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+        grouped_matmul(self, x, out)
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        mins, factor = self._mins()
+        matvec.matvec_q5(self.codes, self.scales, mins, factor, self.bits, x, norm, eps, mode,
+                         add, out)  # fmt: skip
+
+
+def _compiled_ggml(fmt: str) -> type[Weight]:
+    base = CompiledQ5Weight if fmt in ("q5_0", "q5_1") else CompiledGGMLWeight
+    return type(f"C{fmt.upper()}Weight", (base, GGML_FORMATS[fmt]), {})
 
 
 FORMATS: dict[str, type[Weight]] = {
