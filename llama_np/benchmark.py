@@ -9,6 +9,7 @@ from bench.meter import Meter
 from bench.sol import Shape, load_shape
 from quant import BlockWeight, Weight
 from quant.backends import Backend, numpy_backend
+from quant.ggml import LAYOUTS, random_blocks
 
 from .config import Config
 from .errors import UsageError
@@ -20,15 +21,13 @@ SYNTHETIC = "synthetic:"
 
 
 def config_from_shape(s: Shape) -> Config:
-    if s.n_experts > 1 or s.qkv_bias:
-        raise UsageError(
-            f"{s.name}: synthetic models are plain llama blocks (no experts, no biases)"
-        )
-    arch = "mistral" if s.window else "llama"
+    if s.n_experts > 1:
+        raise UsageError(f"{s.name}: synthetic models have no experts")
+    arch = "qwen2" if s.qkv_bias else "mistral" if s.window else "llama"
     return Config(
         arch, s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden_dim, s.vocab,
         s.max_seq_len, norm_eps=1e-5, rope_theta=10000.0, sliding_window=s.window,
-        tie_embeddings=s.tied,
+        tie_embeddings=s.tied, qkv_bias=s.qkv_bias,
     )  # fmt: skip
 
 
@@ -39,6 +38,8 @@ def random_weight(
     so a model far larger than the caches builds in seconds."""
     rows, cols = shape
     cls = backend.weight_class(fmt)
+    if fmt in LAYOUTS:  # GGUF's q5 and K-quant blocks: random codes, sane float16 scales
+        return cls.from_blocks(shape, random_blocks(fmt, rows, cols, rng))
     if fmt == "f32":
         return cls((rng.random(shape, dtype=np.float32) - np.float32(0.5)) * np.float32(0.05))
     if issubclass(cls, BlockWeight):
@@ -75,12 +76,15 @@ def random_model(
         "wo": (c.dim, c.q_dim), "w_gate": (c.hidden_dim, c.dim), "w_up": (c.hidden_dim, c.dim),
         "w_down": (c.dim, c.hidden_dim),
     }  # fmt: skip
+    vectors = {"bq": c.q_dim, "bk": c.kv_dim, "bv": c.kv_dim}  # biases; else a norm: ones
     for i in range(c.n_layers):
-        for attr, name in layer_tensor_names(i).items():
+        for attr, name in layer_tensor_names(i, c).items():
             if attr in shapes:
                 tensors[name] = random_weight(shapes[attr], fmt, rng, backend)
+            elif attr in vectors:
+                tensors[name] = rng.standard_normal(vectors[attr], np.float32) * np.float32(0.1)
             else:
-                tensors[name] = np.ones(c.dim, np.float32)  # a norm
+                tensors[name] = np.ones(c.dim, np.float32)
     embedding = (c.vocab_size, c.dim)
     tensors["model.embed_tokens.weight"] = random_weight(embedding, head or fmt, rng, backend)
     if not c.tie_embeddings:
@@ -103,7 +107,8 @@ def shape_of(c: Config, name: str) -> Shape:
     """The speed-of-light model's view of a loaded config."""
     return Shape(
         name, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_dim,
-        c.vocab_size, c.tie_embeddings, window=c.sliding_window, max_seq_len=c.max_seq_len,
+        c.vocab_size, c.tie_embeddings, qkv_bias=c.qkv_bias, window=c.sliding_window,
+        max_seq_len=c.max_seq_len,
     )  # fmt: skip
 
 

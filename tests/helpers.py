@@ -81,6 +81,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "llama_bf16": dict(
         arch="llama", num_attention_heads=4, num_key_value_heads=2, dtype="bfloat16"
     ),
+    # q, k, v biases, rope theta 1e6
+    "qwen2": dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6),
 }
 
 
@@ -88,7 +90,14 @@ def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
     """Save a random transformers model `name` (see MODELS) to `directory`; return it in
     float32 (eval mode) as the reference."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     spec = {**MODELS[name], **overrides}
     arch, dtype = spec.pop("arch"), spec.pop("dtype", "float32")
@@ -99,14 +108,16 @@ def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
         tie_word_embeddings=False, attn_implementation="eager",
     )  # fmt: skip
     base.update(spec)
-    cls, cfg_cls = (
-        (LlamaForCausalLM, LlamaConfig) if arch == "llama" else (MistralForCausalLM, MistralConfig)
-    )
+    cls, cfg_cls = {
+        "llama": (LlamaForCausalLM, LlamaConfig),
+        "mistral": (MistralForCausalLM, MistralConfig),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+    }[arch]
     torch.manual_seed(seed)
     model = cls(cfg_cls(**base)).eval()
-    with torch.no_grad():  # norms start at 1: perturb them so a wrong norm shows
+    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so a wrong one shows
         for n, p in model.named_parameters():
-            if "norm" in n:
+            if "norm" in n or "bias" in n:
                 p.add_(0.2 * torch.randn_like(p))
     directory.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(directory, safe_serialization=True)
@@ -176,30 +187,37 @@ def gguf_names(n_layers: int) -> dict[str, str]:
     """HF tensor name -> GGUF tensor name, as llama.cpp's converter writes them."""
     names = dict(GGUF_GLOBAL)
     for i in range(n_layers):
-        names |= {
-            f"model.layers.{i}.{k}.weight": f"blk.{i}.{v}.weight" for k, v in GGUF_LAYER.items()
-        }
+        for kind in ("weight", "bias"):
+            names |= {
+                f"model.layers.{i}.{k}.{kind}": f"blk.{i}.{v}.{kind}" for k, v in GGUF_LAYER.items()
+            }
     return names
 
 
 def write_gguf(path: Path, model: Any, sp_model: Path, types: dict[str, str]) -> None:
-    """Write a transformers Llama model and a sentencepiece vocabulary as a GGUF file with
-    the gguf package's writer, as llama.cpp's converter lays it out. `types` maps a GGUF
-    tensor-name suffix (e.g. "attn_q") to F32/F16/BF16/Q8_0/Q4_0/Q4_1."""
+    """Write a transformers Llama or Qwen2 model and a sentencepiece vocabulary as a GGUF
+    file with the gguf package's writer, as llama.cpp's converter lays it out. `types` maps
+    a GGUF tensor-name suffix (e.g. "attn_q") to a GGML type: one gguf.quants can quantize
+    to (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), or a K-quant, whose blocks are then
+    random (gguf.quants cannot quantize to them) with float16 scales of ~1e-3."""
     import gguf
     from gguf.quants import quantize
 
+    from quant.ggml import random_blocks
+
     c = model.config
-    w = gguf.GGUFWriter(str(path), "llama")
+    arch = c.model_type
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_dimension_count(c.head_dim)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     tokens, scores, token_types = sp_vocab(sp_model)
@@ -213,18 +231,42 @@ def write_gguf(path: Path, model: Any, sp_model: Path, types: dict[str, str]) ->
     w.add_add_bos_token(True)
     sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
     names = gguf_names(c.num_hidden_layers)
+    rng = np.random.default_rng(0)
     for hf_name, gguf_name in names.items():
         if hf_name not in sd:
             continue
         t = sd[hf_name]
         kind = gguf_name.split(".")[-2]
-        if kind == "attn_q":
+        if arch == "llama" and kind == "attn_q":
             t = llama_cpp_permute(t, c.num_attention_heads)
-        elif kind == "attn_k":
+        elif arch == "llama" and kind == "attn_k":
             t = llama_cpp_permute(t, c.num_key_value_heads)
-        qtype = gguf.GGMLQuantizationType[types.get(kind, "F32") if t.ndim == 2 else "F32"]
-        w.add_tensor(gguf_name, quantize(t, qtype), raw_dtype=qtype)
+        name = types.get(kind, "F32") if t.ndim == 2 else "F32"
+        qtype = gguf.GGMLQuantizationType[name]
+        if name.endswith("_K"):
+            data = random_blocks(name.lower(), t.shape[0], t.shape[1], rng)
+        elif name.startswith("IQ"):  # a type llama-np does not read: zero blocks
+            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+            data = np.zeros((t.shape[0], t.shape[1] // block * nbytes), np.uint8)
+        else:
+            data = quantize(t, qtype)
+        w.add_tensor(gguf_name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def make_weight(cls: Any, shape: tuple[int, int], rng: np.random.Generator) -> Any:
+    """A matrix of this Weight class: quantized from Gaussian values, or, for the
+    K-quants (which nothing here quantizes to), random stored blocks."""
+    from quant.ggml import LAYOUTS, random_blocks
+
+    if cls.fmt in LAYOUTS and cls.fmt.endswith("_k"):
+        return cls.from_blocks(shape, random_blocks(cls.fmt, *shape, rng))
+    return cls.from_float(rng.standard_normal(shape).astype(np.float32))
+
+
+def fits(fmt: str, shape: tuple[int, int]) -> bool:
+    """Whether a (rows, cols) matrix can be stored in fmt (K-quants: cols % 256 == 0)."""
+    return not fmt.endswith("_k") or shape[1] % 256 == 0

@@ -333,11 +333,14 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
 
     def to_blocks(self) -> np.ndarray:
         rows, nb = self.shape[0], self.shape[1] // 32
-        parts = [from_groups(self.scales, rows, 1).view(np.uint8)]
+
+        def raw(a: np.ndarray, per_block: int) -> np.ndarray:
+            return np.ascontiguousarray(from_groups(a, rows, per_block)).view(np.uint8)
+
+        parts = [raw(self.scales, 1)]
         if self.mins is not None:
-            parts.append(from_groups(self.mins, rows, 1).view(np.uint8))
-        parts.append(from_groups(self.bits, rows, 1).view(np.uint8))
-        parts.append(from_groups(self.codes, rows, 16))
+            parts.append(raw(self.mins, 1))
+        parts += [raw(self.bits, 1), raw(self.codes, 16)]
         return np.concatenate([p.reshape(rows, nb, -1) for p in parts], axis=2).reshape(rows, -1)
 
     def export(self) -> dict[str, np.ndarray]:

@@ -16,13 +16,17 @@ SHAPES = {
     "gqa_untied": Shape("gqa_untied", 64, 2, 4, 2, 32, 96, 100),
     "mha_tied": Shape("mha_tied", 64, 2, 2, 2, 32, 128, 77, tied=True),
     "window": Shape("window", 96, 3, 3, 1, 32, 64, 50, window=8),
+    "qwen_like": Shape("qwen_like", 256, 2, 4, 2, 64, 512, 90, qkv_bias=True),  # K-quants fit
 }
-WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]
+WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 KV = ["f32", "f16", "q8_0"]
+CASES = list(itertools.product(SHAPES, WEIGHTS, KV))
+CASES += [("qwen_like", fmt, kv) for fmt in K_QUANTS for kv in KV]
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
-@pytest.mark.parametrize(("name", "fmt", "kv"), list(itertools.product(SHAPES, WEIGHTS, KV)))
+@pytest.mark.parametrize(("name", "fmt", "kv"), CASES)
 def test_meter_equals_speed_of_light_bytes(name, fmt, kv, kernels):
     """Both backends, whose layouts differ (float32 or float16 scales, rows padded to
     groups of 4, keys read in tiles of 16): each meter equals its own model."""

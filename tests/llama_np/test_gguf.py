@@ -72,8 +72,8 @@ def test_sentencepiece_vocabulary_matches_sentencepiece(gguf_pair, sp_dir):
 
 def test_unsupported_tensor_type_is_named(tmp_path, sp_dir):
     hf = build_hf_model("llama_gqa", tmp_path / "hf", vocab_size=400, hidden_size=64)
-    write_gguf(tmp_path / "m.gguf", hf, sp_dir / "tokenizer.model", {"ffn_up": "Q5_0"})
-    with pytest.raises(LlamaNpError, match=r"blk\.0\.ffn_up\.weight.*Q5_0.*not supported"):
+    write_gguf(tmp_path / "m.gguf", hf, sp_dir / "tokenizer.model", {"ffn_up": "IQ4_NL"})
+    with pytest.raises(LlamaNpError, match=r"blk\.0\.ffn_up\.weight.*IQ4_NL.*not supported"):
         llama_np.load(tmp_path / "m.gguf")
 
 

@@ -1,4 +1,5 @@
-"""q8_0, q4_0, q4_1 against the gguf package's NumPy reference, and their error bounds."""
+"""q8_0, q4_0, q4_1, q5_0, q5_1 against the gguf package's NumPy reference (quantization and
+values, bit for bit), the K-quants' values on random blocks, and the error bounds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ GGML = {
     "q8_0": GGMLQuantizationType.Q8_0,
     "q4_0": GGMLQuantizationType.Q4_0,
     "q4_1": GGMLQuantizationType.Q4_1,
+    "q5_0": GGMLQuantizationType.Q5_0,
+    "q5_1": GGMLQuantizationType.Q5_1,
 }
 F16_REL = 2.0**-11  # float16 rounding, relative
 F16_SUB = 2.0**-25  # float16 rounding, absolute, in the subnormal range
@@ -87,13 +90,15 @@ def error_bound(fmt: str, w: np.ndarray) -> np.ndarray:
     if fmt == "q8_0":
         d = amax / 127
         bound = d / 2 + 127 * (d * F16_REL + F16_SUB)
-    elif fmt == "q4_0":
-        d = amax / 8
-        bound = d + 8 * (d * F16_REL + F16_SUB)  # the clipped end is off by up to d
+    elif fmt in ("q4_0", "q5_0"):
+        levels = 8 if fmt == "q4_0" else 16
+        d = amax / levels
+        bound = d + levels * (d * F16_REL + F16_SUB)  # the clipped end is off by up to d
     else:
+        levels = 15 if fmt == "q4_1" else 31
         lo, hi = b.min(axis=-1, keepdims=True), b.max(axis=-1, keepdims=True)
-        d = (hi - lo) / 15
-        bound = d / 2 + 15 * (d * F16_REL + F16_SUB) + np.abs(lo) * F16_REL + F16_SUB
+        d = (hi - lo) / levels
+        bound = d / 2 + levels * (d * F16_REL + F16_SUB) + np.abs(lo) * F16_REL + F16_SUB
     return np.broadcast_to(bound * (1 + 1e-5) + 1e-37, b.shape).reshape(w.shape)
 
 

@@ -15,19 +15,23 @@ from quant.compiled import FORMATS as COMPILED
 from quant.compiled import attention, dequant, matvec, ops
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
+from tests.helpers import fits, make_weight
 
 # Row counts around every edge of the layout: groups of 4 interleaved rows, chunks of 16
 # rows per unit of parallel work; columns of one block, of several, and wide.
-SHAPES = [(1, 32), (3, 64), (4, 64), (5, 96), (15, 64), (16, 128), (17, 64), (33, 576), (70, 4096)]
+SHAPES = [(1, 32), (3, 64), (4, 64), (5, 96), (15, 64), (16, 128), (17, 64), (33, 576), (70, 4096),
+          (1, 256), (6, 512), (17, 768)]  # fmt: skip
+CASES = [(f, s) for f in sorted(COMPILED) for s in SHAPES if fits(f, s)]
+IDS = [f"{f}-{r}x{c}" for f, (r, c) in CASES]
 
 
 def pair(fmt: str, shape: tuple[int, int], seed: int = 0):
-    w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return NUMPY[fmt].from_float(w), COMPILED[fmt].from_float(w)
+    """The same matrix in both backends' layouts."""
+    a = make_weight(NUMPY[fmt], shape, np.random.default_rng(seed))
+    return a, numba_backend().convert(a)
 
 
-@pytest.mark.parametrize("fmt", sorted(COMPILED))
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+@pytest.mark.parametrize(("fmt", "shape"), CASES, ids=IDS)
 def test_same_format_bit_for_bit(fmt, shape):
     """Both layouts hold the same codes: the same values, the same blocks at rest."""
     a, b = pair(fmt, shape)
@@ -41,8 +45,7 @@ def test_same_format_bit_for_bit(fmt, shape):
     assert b.nbytes == type(b).nbytes_for(shape)
 
 
-@pytest.mark.parametrize("fmt", sorted(COMPILED))
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+@pytest.mark.parametrize(("fmt", "shape"), CASES, ids=IDS)
 def test_products_equal_the_numpy_kernels_within_float32_rounding(fmt, shape):
     a, b = pair(fmt, shape, seed=1)
     x = np.random.default_rng(2).standard_normal((6, shape[1])).astype(np.float32)
@@ -56,12 +59,14 @@ def test_products_equal_the_numpy_kernels_within_float32_rounding(fmt, shape):
     assert (np.abs(ya - yb) <= tol).all()
 
 
-def test_block_scales_stay_float16_in_memory():
-    """q8_0, q4_0 and q4_1 cost their own 8.5, 4.5 and 5.0 bits per weight."""
-    for fmt in ("q8_0", "q4_0", "q4_1"):
-        cls = COMPILED[fmt]
-        assert cls.nbytes_for((4096, 4096)) * 8 == cls.bits_per_weight * 4096 * 4096
-        assert cls.nbytes_for((5, 64)) == cls.nbytes_for((8, 64))  # padded to groups of 4
+def test_block_formats_cost_their_own_bits_in_memory():
+    """q8_0, q4_0, q4_1 (float16 scales kept), q5_0, q5_1 and the K-quants (stored blocks)
+    cost the format's own bits per weight: 8.5, 4.5, 5.0, 5.5, 6.0, 2.625 ... 6.5625."""
+    for fmt, cls in COMPILED.items():
+        if fmt in ("f32", "f16", "bf16"):
+            continue
+        assert cls.nbytes_for((4096, 4096)) * 8 == cls.bits_per_weight * 4096 * 4096, fmt
+        assert cls.nbytes_for((5, 256)) == cls.nbytes_for((8, 256))  # padded to groups of 4
 
 
 def test_a_format_changes_backend_without_requantizing():
