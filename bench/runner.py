@@ -21,11 +21,11 @@ from tqdm import tqdm
 from .devices import Device
 from .meter import CATEGORIES, Meter
 from .probe import Probe
-from .sol import Shape, estimate
+from .sol import Shape, estimate, weights_label
 
 
 class Formats(NamedTuple):
-    weights: str  # the layers' matrices
+    weights: str | list[dict[str, str]]  # the layers' matrices: one format, or a per-layer plan
     head: str  # the LM head
     embed: str  # the token embedding
     kv: str  # the KV cache
@@ -144,7 +144,7 @@ def _row(shape: Shape, f: Formats, s: Settings, depth: int,
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     row = Row(
-        shape.name, f.kernels, f.weights, f.head, f.kv, s.window, depth,
+        shape.name, f.kernels, weights_label(f.weights), f.head, f.kv, s.window, depth,
         prefill_tok_s=statistics.median(r[0] for r in rounds),
         decode_ms=decode_ms, decode_ms_min=min(ms), decode_ms_max=max(ms),
         bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,

@@ -207,9 +207,23 @@ def matrix_bytes(
     return lambda shape: int(shape[0] * shape[1] * cls.bits_per_weight) // 8
 
 
+ROLES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # a layer's matrices
+
+
+def weights_label(weights: str | list[dict[str, str]]) -> str:
+    """A format, or the formats a per-layer plan mixes, most used first: "q5_0+q8_0+q6_k"."""
+    if isinstance(weights, str):
+        return weights
+    counts: dict[str, int] = {}
+    for layer in weights:
+        for f in layer.values():
+            counts[f] = counts.get(f, 0) + 1
+    return "+".join(sorted(counts, key=lambda f: -counts[f]))
+
+
 def estimate(
     shape: Shape,
-    weights: str = "f32",
+    weights: str | list[dict[str, str]] = "f32",
     kv: str = "f32",
     pos: int = 0,
     window: int | None = None,
@@ -218,30 +232,39 @@ def estimate(
     embed: str | None = None,
     kernels: str = "numpy",
 ) -> Estimate:
-    """Bytes and FLOPs of the decode step of the token at `pos` (0-based). `window`
-    overrides the config's; `head` is the LM head's format (default: `weights`); `embed`
-    the embedding's (default: the head's when tied, else `weights`). `engine`: count
-    matrices and the KV cache as the `kernels` backend ("numpy" or "numba") lays them out
-    in memory; False counts the formats' own sizes."""
+    """Bytes and FLOPs of the decode step of the token at `pos` (0-based). `weights`: the
+    layers' format, or per layer a format per matrix (ROLES), as a GGUF file mixes them;
+    `window` overrides the config's; `head` is the LM head's format (default: `weights`);
+    `embed` the embedding's (default: the head's when tied, else `weights`). `engine`:
+    count matrices and the KV cache as the `kernels` backend ("numpy" or "numba") lays
+    them out in memory; False counts the formats' own sizes."""
     s = shape
+    plan = [dict.fromkeys(ROLES, weights)] * s.n_layers if isinstance(weights, str) else weights
+    if len(plan) != s.n_layers or (not isinstance(weights, str) and head is None):
+        raise ShapeError(f"{s.name}: a per-layer plan needs {s.n_layers} layers and a head")
     head = head or weights
     embed = head if s.tied else (embed or weights)
-    w, h = matrix_bytes(weights, engine, kernels), matrix_bytes(head, engine, kernels)
+    h = matrix_bytes(head, engine, kernels)
     store = kv_store_class(kv)
     window = window if window is not None else s.window
     n_keys = pos + 1 if window is None else min(pos + 1, window)
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    attn = [(q_dim, s.dim), (kv_dim, s.dim), (kv_dim, s.dim), (s.dim, q_dim)]
-    expert = [(s.hidden_dim, s.dim), (s.hidden_dim, s.dim), (s.dim, s.hidden_dim)]
+    dims = {"wq": (q_dim, s.dim), "wk": (kv_dim, s.dim), "wv": (kv_dim, s.dim),
+            "wo": (s.dim, q_dim), "w_gate": (s.hidden_dim, s.dim), "w_up": (s.hidden_dim, s.dim),
+            "w_down": (s.dim, s.hidden_dim)}  # fmt: skip
+    attn = [dims[r] for r in ROLES[:4]]
+    expert = [dims[r] for r in ROLES[4:]]
     router = [(s.n_experts, s.dim)] if s.n_experts > 1 else []
     active = s.experts_per_token
     bias = 4 * (q_dim + 2 * kv_dim) if s.qkv_bias else 0
 
+    def layer_bytes(fmts: dict[str, str], roles: tuple[str, ...]) -> int:
+        return sum(matrix_bytes(fmts[r], engine, kernels)(dims[r]) for r in roles)
+
     reads = dict.fromkeys(CATEGORIES, 0)
-    reads["attn_weights"] = s.n_layers * (sum(w(m) for m in attn) + bias)
-    reads["mlp_weights"] = s.n_layers * (
-        active * sum(w(m) for m in expert) + sum(w(m) for m in router)
-    )
+    reads["attn_weights"] = sum(layer_bytes(f, ROLES[:4]) + bias for f in plan)
+    router_bytes = sum(matrix_bytes(f["w_gate"], engine, kernels)(m) for m in router for f in plan)
+    reads["mlp_weights"] = sum(active * layer_bytes(f, ROLES[4:]) for f in plan) + router_bytes
     reads["lm_head"] = h((s.vocab, s.dim))
     reads["embedding"] = matrix_bytes(embed, engine, kernels)((1, s.dim))
     reads["norms"] = 4 * s.dim * (2 * s.n_layers + 1)
@@ -266,8 +289,9 @@ def estimate(
         2 * (s.n_layers * layer_matmul + embed) + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys
     )
     writes = s.n_layers * 2 * slot
+    label = weights_label(weights)
     return Estimate(
-        s, weights, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels
+        s, label, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.meter import Meter
-from bench.sol import Shape, load_shape
+from bench.sol import ROLES, Shape, load_shape
 from quant import BlockWeight, Weight
 from quant.backends import Backend, numpy_backend
 from quant.ggml import LAYOUTS, random_blocks
@@ -95,12 +95,21 @@ def random_model(
     return model
 
 
-def formats(w: Weights) -> tuple[str, str, str]:
-    """(layer, LM head, embedding) formats of a model; the bench needs one per role."""
-    layer = {m.fmt for l in w.layers for m in (l.wqkv, l.wo, l.w_gate_up, l.w_down)}
-    if len(layer) != 1:
-        raise UsageError(f"the layers mix formats {sorted(layer)}; pass --weights to pick one")
-    return layer.pop(), w.lm_head.fmt, w.embed.fmt
+def formats(w: Weights) -> tuple[str | list[dict[str, str]], str, str]:
+    """(layers, LM head, embedding) formats of a model, what the speed-of-light model
+    needs: the layers' one format, or, when they mix formats (a GGUF file), per layer the
+    format of each matrix (bench.sol.ROLES)."""
+    plan = []
+    for layer in w.layers:
+        q, k, v = layer.wqkv.leaves() if len(layer.wqkv.leaves()) == 3 else [layer.wqkv] * 3
+        gate, up = layer.w_gate_up.leaves() if len(layer.w_gate_up.leaves()) == 2 else [
+            layer.w_gate_up
+        ] * 2  # fmt: skip
+        mats = (q, k, v, layer.wo, gate, up, layer.w_down)
+        plan.append({role: m.fmt for role, m in zip(ROLES, mats, strict=True)})
+    uniform = {f for p in plan for f in p.values()}
+    layers = uniform.pop() if len(uniform) == 1 else plan
+    return layers, w.lm_head.fmt, w.embed.fmt
 
 
 def shape_of(c: Config, name: str) -> Shape:

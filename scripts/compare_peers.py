@@ -36,7 +36,7 @@ import numpy as np
 
 import llama_np
 from bench.probe import machine_id
-from bench.sol import Shape, estimate
+from bench.sol import Shape, estimate, weights_label
 from llama_np.benchmark import formats, shape_of
 from llama_np.hub import resolve_model
 from quant import parallel
@@ -59,6 +59,7 @@ class LlamaNp(Engine):
     def __init__(self, path: Path, kernels: str, weights: str | None, threads: int) -> None:
         self.llm = llama_np.load(path, weights=weights, threads=threads, kernels=kernels)
         w, h, _ = formats(self.llm.model.weights)
+        w = weights_label(w)
         stored = " (as stored)" if weights is None else ""
         self.name = f"llama-np {kernels} {w if w == h else w + '/' + h}{stored}"
         self.shape = shape_of(self.llm.config, path.name)
@@ -105,17 +106,13 @@ class Transformers(Engine):
 
 
 class LlamaCpp(Engine):
-    def __init__(self, gguf: Path, label: str, threads: int, shape: Shape, fmt: str) -> None:
+    def __init__(self, gguf: Path, label: str, threads: int, shape: Shape) -> None:
         from llama_cpp import Llama
 
         self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                          logits_all=False, verbose=False)  # fmt: skip
         self.name = f"llama.cpp {label}"
-        pos = PROMPT_TOKENS + DECODE_STEPS // 2
-        head = "q8_0" if fmt == "q4_1" else None  # the native file keeps its Q8_0 embedding
-        self.bytes_per_token = estimate(
-            shape, fmt, pos=pos, head=head, engine=False
-        ).bytes_per_token
+        self.bytes_per_token = gguf_bytes_per_token(gguf, shape, PROMPT_TOKENS + DECODE_STEPS // 2)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.llm.reset()
@@ -125,6 +122,24 @@ class LlamaCpp(Engine):
     def step(self, token: int) -> np.ndarray:
         self.llm.eval([token])
         return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+
+
+def gguf_bytes_per_token(path: Path, shape: Shape, pos: int) -> float:
+    """What a decode step reads from a GGUF at rest: every matrix and vector as stored
+    (the embedding table once for its row, counted as that row, unless it is also the
+    head), plus llama.cpp's default float16 KV cache at `pos`."""
+    import gguf
+
+    total = 0.0
+    tensors = gguf.GGUFReader(path).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    for t in tensors:
+        if t.name == "token_embd.weight":
+            row = t.n_bytes / int(t.shape[1])
+            total += row + (t.n_bytes if tied else 0)
+        else:
+            total += t.n_bytes
+    return total + estimate(shape, "f32", kv="f16", pos=pos).kv_bytes
 
 
 def write_gguf(src: Path, dst: Path, qtype: str) -> Path:
@@ -175,8 +190,9 @@ def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
     parallel.stop()
     if kind == "transformers":
         return Transformers(path, threads, shape)
-    gguf = path if arg == "Q4_1" else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
-    return LlamaCpp(gguf, arg, threads, shape, arg.lower())
+    native = arg not in ("F32", "Q8_0")
+    gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
+    return LlamaCpp(gguf, f"{arg} (as stored)" if native else arg, threads, shape)
 
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int]) -> None:
@@ -188,7 +204,10 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
         conn.send((*result, engine.bytes_per_token))
 
 
-def specs() -> list[tuple]:
+NATIVE = {"smollm2-135m": "Q4_1", "qwen2.5-coder-0.5b": "Q4_K_M"}  # llama.cpp's labels
+
+
+def specs(native: str) -> list[tuple]:
     """The engines; the first, llama-np's compiled f32, is the base of the ratios."""
     from quant.backends import numba_importable
 
@@ -199,7 +218,7 @@ def specs() -> list[tuple]:
         print("compare_peers: numba is not installed, only the NumPy kernels", file=sys.stderr)
     out: list[tuple] = [("llama-np", spec) for spec in ours]
     for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
-                         ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", "Q4_1"))]:  # fmt: skip
+                         ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", native))]:  # fmt: skip
         try:
             __import__(module)
         except ImportError:
@@ -221,14 +240,14 @@ def main() -> None:
     args = ap.parse_args()
     machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
     path = resolve_model(args.model)
-    work = Path(args.work or path.parent / "compare")
+    work = Path(args.work or path.parent / f"compare-{path.stem}")
     work.mkdir(parents=True, exist_ok=True)
     text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
     ids = llama_np.load(path, threads=1).tokenize(text, bos=False)[:PROMPT_TOKENS]
     parallel.stop()
     ctx = mp.get_context("spawn")  # a clean interpreter per engine
     engines, names, sizes = [], [], {}
-    for spec in specs():
+    for spec in specs(NATIVE.get(args.model, "as stored")):
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(
             target=serve, args=(theirs, spec, path, work, args.threads, ids), daemon=True

@@ -42,6 +42,8 @@ SWEEPS = [
     Sweep("synthetic:smollm2-360m", "numpy", ["f32", "q8_0", "q4_0"], (0,)),
     Sweep("synthetic:tinyllama-1.1b", "numba", ["f32", "q8_0", "q4_0", "q4_1"], (0,)),
     Sweep("synthetic:tinyllama-1.1b", "numpy", ["f32", "q8_0"], (0,)),
+    Sweep("qwen2.5-coder-0.5b", "numba", [None, "q8_0", "f32"], (0, 4096)),
+    Sweep("qwen2.5-coder-0.5b", "numpy", [None], (0,)),
 ]
 
 

@@ -123,3 +123,20 @@ def test_chat_template_has_its_default_system_prompt(native, hf_qwen):
     ours = render_chat(native.tokenizer.chat_template, messages, "", "<|im_end|>")
     assert ours == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "You are Qwen, created by Alibaba Cloud" in ours
+
+
+def test_the_meter_counts_what_the_mixed_model_predicts(native, kernels):
+    """A file that mixes formats per layer: the speed-of-light model, given each matrix's
+    format, counts the bytes the meter counts, category by category."""
+    from bench.sol import estimate
+    from llama_np.benchmark import formats, shape_of
+
+    layers, head, embed = formats(native.model.weights)
+    assert not isinstance(layers, str)  # q5_0 and q8_0 for v, q4_k and q6_k for down
+    cache = native.new_cache(64)
+    native.logits(native.tokenize("x = 1"), cache)
+    native.step(5, cache)
+    step = native.model.meter.last
+    shape = shape_of(native.config, "qwen")
+    est = estimate(shape, layers, pos=step.pos, head=head, embed=embed, kernels=kernels)
+    assert step.reads == est.reads
