@@ -291,7 +291,8 @@ def main() -> None:
         head = (
             f"# llama-np against its peers\n\nMachine: {machine}. Model: "
             f"{path.name}. {args.rounds} interleaved rounds; ratios are medians of per-round "
-            f"ratios. Command: `scripts/compare_peers.py --rounds {args.rounds} --md {args.md}`."
+            f"ratios. Command: `scripts/compare_peers.py -m {args.model} --rounds {args.rounds} "
+            f"--md {args.md}`."
             "\n\n"
         )
         Path(args.md).write_text(head + table + "\n")
