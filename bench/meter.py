@@ -1,9 +1,9 @@
 """The byte meter: what each forward step really read and wrote, per category.
 
 The model calls `read(category, nbytes)` where it calls a kernel, with the `nbytes` of the
-arrays that kernel touches (DESIGN.md sections 1-2). Nothing here knows a formula for
-them: the speed-of-light model (`bench.sol`) computes the same totals from a config, and
-the tests hold the two against each other.
+arrays that kernel touches (docs/architecture.md, "Byte accounting"). Nothing here knows a
+formula for them: the speed-of-light model (`bench.sol`) computes the same totals from a
+config, and the tests hold the two against each other.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 from tqdm import tqdm
 
-from quant.cache import cache_dir
+from quant.host import cache_dir, usable_cores
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -54,8 +54,7 @@ class Caches:
         for level, key in ((2, "SC_LEVEL2_CACHE_SIZE"), (3, "SC_LEVEL3_CACHE_SIZE")):
             if level not in sizes and key in os.sysconf_names:
                 sizes[level] = max(os.sysconf(key), 0)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return cls(sizes.get(2) or 512 * KIB, sizes.get(3) or 0, cores or 1)
+        return cls(sizes.get(2) or 512 * KIB, sizes.get(3) or 0, usable_cores())
 
     @property
     def llc(self) -> int:

@@ -18,13 +18,17 @@ from typing import NamedTuple, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from arch import Config
+
 from .devices import Device
 from .meter import CATEGORIES, Meter
 from .probe import Probe
-from .sol import Shape, estimate, weights_label
+from .sol import estimate, weights_label
 
 
-class Formats(NamedTuple):
+class Variant(NamedTuple):
+    """How a model is stored and run: what the speed-of-light model needs besides its shape."""
+
     weights: str | list[dict[str, str]]  # the layers' matrices: one format, or a per-layer plan
     head: str  # the LM head
     embed: str  # the token embedding
@@ -36,6 +40,8 @@ class Formats(NamedTuple):
 class Decoder(Protocol):
     """What the runner needs from a model."""
 
+    config: Config  # its shape (and name)
+    variant: Variant
     meter: Meter
 
     def start(self, depth: int) -> None:
@@ -114,8 +120,6 @@ def _decode_round(
 
 def run(
     dec: Decoder,
-    shape: Shape,
-    formats: Formats,
     s: Settings,
     probe: Probe | None = None,
     device: Device | None = None,
@@ -130,21 +134,21 @@ def run(
             for depth in s.depths:
                 results[depth].append(_decode_round(dec, s, depth, rng))
                 bar.update()
-    return [_row(shape, formats, s, d, results[d], probe, device) for d in s.depths]
+    return [_row(dec.config, dec.variant, s, d, results[d], probe, device) for d in s.depths]
 
 
-def _row(shape: Shape, f: Formats, s: Settings, depth: int,
+def _row(config: Config, f: Variant, s: Settings, depth: int,
          rounds: list, probe: Probe | None, device: Device | None) -> Row:  # fmt: skip
     ms = [r[1] for r in rounds]
     steps = [st for r in rounds for st in r[2]]
     measured = statistics.fmean(st.bytes_read for st in steps)
     mid = depth + s.prompt + (s.warmup + s.n) // 2
-    est = estimate(shape, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
+    est = estimate(config, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
                    kernels=f.backend)  # fmt: skip
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     row = Row(
-        shape.name, f.kernels, weights_label(f.weights), f.head, f.kv, s.window, depth,
+        config.name, f.kernels, weights_label(f.weights), f.head, f.kv, s.window, depth,
         prefill_tok_s=statistics.median(r[0] for r in rounds),
         decode_ms=decode_ms, decode_ms_min=min(ms), decode_ms_max=max(ms),
         bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,

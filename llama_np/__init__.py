@@ -9,10 +9,10 @@ import os
 # llama_np is imported before NumPy, as the CLI and the scripts do.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
-from .api import LLM, load
-from .config import Config
-from .errors import LlamaNpError, UsageError
-from .generate import Stats
-from .kvcache import KVCache
+from arch import Config
+from llama_np.api import LLM, load
+from llama_np.errors import ERRORS, LlamaNpError, UsageError
+from llama_np.generation.generate import Stats
+from llama_np.model.kvcache import KVCache
 
-__all__ = ["LLM", "Config", "KVCache", "LlamaNpError", "Stats", "UsageError", "load"]
+__all__ = ["ERRORS", "LLM", "Config", "KVCache", "LlamaNpError", "Stats", "UsageError", "load"]

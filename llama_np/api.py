@@ -8,38 +8,26 @@ logits = llm.logits(llm.tokenize("Hello"))         # (T, vocab) float32
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from quant import arena, parallel
+from arch import Config
+from llama_np.errors import LlamaNpError, UsageError
+from llama_np.generation.generate import Stats, generate
+from llama_np.generation.sampling import Sampler, SamplerSettings
+from llama_np.io.hub import DEFAULT_MODEL, MODELS, resolve_model
+from llama_np.io.source import open_source
+from llama_np.io.tokenizer import Tokenizer
+from llama_np.model.build import build_weights
+from llama_np.model.kvcache import KVCache
+from llama_np.model.transformer import Transformer
 from quant.backends import Backend, BackendUnavailable, get_backend, numpy_backend
-
-from .config import Config
-from .errors import LlamaNpError, UsageError
-from .generate import Stats, generate
-from .hub import resolve_model
-from .kvcache import KVCache
-from .loader import build_weights, open_source
-from .model import Transformer
-from .sampling import Sampler, SamplerSettings
-from .tokenizer import Tokenizer
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def set_threads(n: int | None) -> int:
-    """Threads for the kernels (BLAS); returns the number set."""
-    n = n or default_threads()
-    threadpool_limits(n, user_api="blas")
-    return n
+from quant.host import usable_cores
 
 
 def choose_backend(kernels: str = "auto") -> Backend:
@@ -55,43 +43,28 @@ def choose_backend(kernels: str = "auto") -> Backend:
         return numpy_backend()
 
 
-def start_kernels(model: Transformer, threads: int) -> str:
-    """Put the weights in one huge-page arena, then choose how `threads` cores run the
-    kernels; returns how, for reports.
-
-    Compiled backend: every decode kernel splits its rows over `threads` numba threads;
-    BLAS gets `threads` threads for prefill's matrix products.
-    NumPy backend: float32 matrices go to BLAS, which threads them itself (faster than a
-    hand-over between processes: 35.3 vs 38.5 ms/token on SmolLM2 f32). Every other format
-    converts its codes in NumPy, one core per call, so its rows are split between
-    `threads` processes (quant.parallel), each with one BLAS thread."""
-    model.arena = arena.pack(model.weights.matrices())
-    if model.backend.name == "numba":
-        from quant import compiled
-
-        parallel.stop()
-        threadpool_limits(threads, user_api="blas")
-        return f"{model.backend.threading()}, {compiled.set_threads(threads)} threads"
-    leaves = [p for w in model.weights.matrices() for p in w.leaves()]
-    needs_team = any(w.fmt != "f32" for w in leaves)
-    if needs_team and parallel.start(model.weights.matrices(), threads):
-        threadpool_limits(1, user_api="blas")
-        return f"numpy, {parallel.active()} processes"
-    parallel.stop()
-    threadpool_limits(threads, user_api="blas")
-    return f"numpy, BLAS {threads} threads"
-
-
 class LLM:
-    """A model with its tokenizer."""
+    """A model with its tokenizer. `close()` (or leaving a `with` block) stops its kernel
+    threads or processes (its kernels then run in this process only)."""
 
-    def __init__(
-        self, model: Transformer, tokenizer: Tokenizer | None, path: Path, kernels: str = ""
-    ) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, path: Path) -> None:
         self.model = model
         self._tokenizer = tokenizer
         self.path = path
-        self.kernels = kernels  # what runs the kernels, e.g. "numba omp, 2 threads"
+
+    @property
+    def kernels(self) -> str:
+        """What runs the kernels, e.g. "numba omp, 2 threads"."""
+        return self.model.kernels
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def config(self) -> Config:
@@ -162,12 +135,15 @@ def load(
     progress: bool = False,
 ) -> LLM:
     """Load a checkpoint directory, a .gguf file or a model alias (default: smollm2-135m,
-    pulled on first use). `weights` converts every matrix to that format at load time (None
-    keeps them as stored); `head` gives the LM head its own format; `kernels` is "auto"
-    (compiled when numba is installed), "numba" or "numpy"."""
-    threads = set_threads(threads)
+    pulled on first use; reports then name the model by its alias). `weights` converts
+    every matrix to that format at load time (None keeps them as stored); `head` gives the
+    LM head its own format; `kernels` is "auto" (compiled when numba is installed),
+    "numba" or "numpy"; the kernels run on `threads` cores (default: all)."""
     backend = choose_backend(kernels)
+    model = DEFAULT_MODEL if model is None else model
     src = open_source(resolve_model(model), backend)
+    if isinstance(model, str) and model in MODELS:
+        src.config = replace(src.config, name=model)  # reports name it by its alias
     w = build_weights(src.config, src.tensors, weights, head, progress=progress, backend=backend)
-    model = Transformer(src.config, w, backend)
-    return LLM(model, src.tokenizer, src.path, start_kernels(model, threads))
+    model = Transformer(src.config, w, backend).start(threads or usable_cores())
+    return LLM(model, src.tokenizer, src.path)

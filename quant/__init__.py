@@ -1,17 +1,16 @@
 """Weight and KV-cache formats: data, quantize / dequantize, and the matvec / matmul kernels.
 
 This package imports nothing else of the project: the model reaches a format only through
-the `Weight` interface, chosen once at load time by name.
+the `Matrix` interface, chosen once at load time by name (quant.backends).
 """
 
 from __future__ import annotations
 
-from .base import Weight
+from .base import Matrix, Weight
 from .blocks import BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from .errors import QuantError
 from .floats import BF16Weight, F16Weight, F32Weight
-from .ggml import GGML_FORMATS
-from .parallel import matmuls, matvecs
+from .ggml import GGML_FORMATS, GGML_TYPES
 from .stack import StackedWeight, stack_rows
 
 FORMATS: dict[str, type[Weight]] = {
@@ -19,6 +18,8 @@ FORMATS: dict[str, type[Weight]] = {
 } | GGML_FORMATS
 # What a matrix can be converted to (quantized); K-quants are read as stored, never written.
 TARGETS = [f for f in FORMATS if not f.endswith("_k")]
+# safetensors' dtype names of the float formats
+SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
 def weight_class(fmt: str) -> type[Weight]:
@@ -39,14 +40,15 @@ def convert(w: Weight, fmt: str) -> Weight:
 
 __all__ = [
     "FORMATS",
+    "GGML_TYPES",
+    "SAFETENSORS_DTYPES",
     "TARGETS",
     "BlockWeight",
+    "Matrix",
     "QuantError",
     "StackedWeight",
     "Weight",
     "convert",
-    "matmuls",
-    "matvecs",
     "stack_rows",
     "weight_class",
 ]

@@ -27,7 +27,7 @@ from typing import ClassVar, Self
 
 import numpy as np
 
-from .base import Weight, check_float_matrix
+from .base import Weight, Workspace, check_float_matrix
 from .errors import QuantError
 
 BLOCK = 32
@@ -45,17 +45,6 @@ def plan_tiles(rows: int, cols: int) -> list[tuple[int, int]]:
     per_tile = -(-rows // n)
     step = max(16, (per_tile + 15) // 16 * 16)
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
-
-
-_scratch: dict[tuple, np.ndarray] = {}
-
-
-def scratch(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
-    """A reusable buffer: allocating a fresh 4 MiB array per tile would page-fault."""
-    buf = _scratch.get((shape, dtype))
-    if buf is None:
-        buf = _scratch[(shape, dtype)] = np.empty(shape, dtype)
-    return buf
 
 
 def np_roundf(n: np.ndarray) -> np.ndarray:
@@ -116,13 +105,6 @@ class BlockWeight(Weight):
                 out[f"mins{i}"] = m
         return out
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        self.tiles = [
-            (t0, t1, arrays.get(f"codes{i}", q), arrays.get(f"scales{i}", d),
-             None if m is None else arrays.get(f"mins{i}", m))
-            for i, (t0, t1, q, d, m) in enumerate(self.tiles)
-        ]  # fmt: skip
-
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         """Codes, plus a float32 scale (and min) per block of 32."""
@@ -165,6 +147,19 @@ class BlockWeight(Weight):
         blocks = np.ascontiguousarray(raw).view(cls.block_dtype()).reshape(rows, cols // cls.block)
         mins = blocks["m"] if cls.has_min else None
         return cls(shape, blocks["q"].reshape(rows, -1), blocks["d"], mins)
+
+    @classmethod
+    def from_raw(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
+        return cls.from_blocks(shape, raw)
+
+    @classmethod
+    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
+        """Random codes; float16 scales ~1e-3 (and mins -8 scales: values centred on 0)."""
+        rows, nb = shape[0], shape[1] // cls.block
+        codes = rng.integers(0, 256, (rows, nb * cls.code_bytes), dtype=np.uint8)
+        scales = (rng.random((rows, nb), dtype=np.float32) * np.float32(1e-3)).astype(np.float16)
+        mins = (-8 * scales).astype(np.float16) if cls.has_min else None
+        return cls(shape, codes, scales, mins)
 
     def to_blocks(self) -> np.ndarray:
         """GGML blocks, bytes (rows, nb * bytes_per_block): what gguf.quants.quantize gives."""
@@ -210,7 +205,7 @@ class BlockWeight(Weight):
         return [t for t in self.tiles if r0 <= t[0] and t[1] <= r1]
 
     @classmethod
-    def dot_operands(cls, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def dot_operands(cls, codes: np.ndarray, out: np.ndarray, work: Workspace) -> np.ndarray:
         """The float32 operand of the decode kernel's dot products: the values themselves
         (q8_0), or another linear form of them that is cheaper to produce (q4)."""
         return cls.unpack(codes, out)
@@ -220,7 +215,9 @@ class BlockWeight(Weight):
         """x as the kernel multiplies it with `dot_operands`, per block: (nb, 1, 32)."""
         return x.reshape(-1, 1, cls.block)
 
-    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matvec_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         """Per tile: codes to float32 (one cast), the per-block dot products of every row
         at once (one batched matmul), then the scales on that small (nb, n) result."""
         nb = self.nb
@@ -228,8 +225,9 @@ class BlockWeight(Weight):
         sx = x.reshape(nb, self.block).sum(axis=1)  # per-block sums, for the offset and the min
         for t0, t1, q, d, m in self._tiles_in(r0, r1):
             n = t1 - t0
-            v = self.dot_operands(q, scratch((self.shape[1], n))).reshape(nb, self.block, n)
-            p = np.matmul(xb, v, out=scratch((nb, 1, n)))[:, 0]  # (nb, n) block dot products
+            v = self.dot_operands(q, work.get((self.shape[1], n)), work)
+            v = v.reshape(nb, self.block, n)
+            p = np.matmul(xb, v, out=work.get((nb, 1, n)))[:, 0]  # (nb, n) block dot products
             np.multiply(p, d, out=p)
             y = out[t0 - r0 : t1 - r0]
             np.add.reduce(p, axis=0, out=y)
@@ -238,12 +236,14 @@ class BlockWeight(Weight):
             if m is not None:
                 y += sx @ m
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         """Per tile: dequantize W[tile].T into a float32 buffer, then one GEMM; the
         conversion is shared by all T rows of x."""
         for t0, t1, q, d, m in self._tiles_in(r0, r1):
             n = t1 - t0
-            w = self.unpack(q, scratch((self.shape[1], n))).reshape(self.nb, self.block, n)
+            w = self.unpack(q, work.get((self.shape[1], n))).reshape(self.nb, self.block, n)
             if self.offset:
                 w += np.float32(self.offset)
             w *= d[:, None, :]
@@ -324,11 +324,11 @@ class NibbleWeight(BlockWeight):
         return unpack_nibbles(codes, out)
 
     @classmethod
-    def dot_operands(cls, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def dot_operands(cls, codes: np.ndarray, out: np.ndarray, work: Workspace) -> np.ndarray:
         n = codes.shape[1]
         src = codes.reshape(-1, 16, n)
         dst = out.reshape(-1, 2, 16, n)
-        low = np.bitwise_and(src, np.uint8(15), out=scratch(src.shape, np.uint8))
+        low = np.bitwise_and(src, np.uint8(15), out=work.get(src.shape, np.uint8))
         np.copyto(dst[:, 0], low)
         np.copyto(dst[:, 1], src)
         return out

@@ -7,7 +7,7 @@ from typing import Self
 
 import numpy as np
 
-from .base import Weight, check_float_matrix
+from .base import Weight, Workspace, check_float_matrix
 from .errors import QuantError
 
 # Elements converted per NumPy call: large enough that the 2-4 us a call costs fades.
@@ -55,9 +55,6 @@ class F32Weight(Weight):
     def arrays(self) -> dict[str, np.ndarray]:
         return {"weight": self.w}
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        self.w = arrays.get("weight", self.w)
-
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         return shape[0] * shape[1] * 4
@@ -70,6 +67,17 @@ class F32Weight(Weight):
     def from_float(cls, w: np.ndarray) -> Self:
         return cls(np.ascontiguousarray(check_float_matrix(w, cls.fmt)))
 
+    @classmethod
+    def from_raw(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
+        return cls(np.asarray(raw).view(np.float32).reshape(shape))
+
+    @classmethod
+    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
+        return cls((rng.random(shape, dtype=np.float32) - np.float32(0.5)) * np.float32(0.05))
+
+    def plain(self) -> np.ndarray:
+        return self.w
+
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         return np.array(self.w[r0:r1], dtype=np.float32)
 
@@ -79,10 +87,14 @@ class F32Weight(Weight):
     def splits(self) -> list[int]:
         return [*range(0, self.shape[0], 16), self.shape[0]]
 
-    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matvec_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         np.matmul(self.w[r0:r1], x, out=out)
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         np.matmul(x, self.w[r0:r1].T, out=out)
 
 
@@ -100,8 +112,17 @@ class _Float16Bits(Weight):
     def arrays(self) -> dict[str, np.ndarray]:
         return {"bits": self.bits}
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        self.bits = arrays.get("bits", self.bits)
+    @classmethod
+    def from_raw(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
+        return cls(np.asarray(raw).view(np.uint16).reshape(shape))
+
+    @classmethod
+    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
+        """Finite patterns of magnitude ~1e-2 with random signs."""
+        high = 0x2000 if cls.fmt == "f16" else 0x3C00
+        bits = rng.integers(high, high + 0x0800, shape, dtype=np.uint16)
+        bits |= rng.integers(0, 2, shape, dtype=np.uint16) << 15
+        return cls(bits)
 
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
@@ -116,12 +137,16 @@ class _Float16Bits(Weight):
         step = max(1, TILE_ELEMS // self.shape[1])
         return [*range(0, self.shape[0], step), self.shape[0]]
 
-    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matvec_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         cuts = [s for s in self.splits() if r0 <= s <= r1]
         for a, b in pairwise(cuts):
             np.matmul(self.dequantize(a, b), x, out=out[a - r0 : b - r0])
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         cuts = [s for s in self.splits() if r0 <= s <= r1]
         for a, b in pairwise(cuts):
             np.matmul(x, self.dequantize(a, b).T, out=out[:, a - r0 : b - r0])
@@ -144,6 +169,9 @@ class F16Weight(_Float16Bits):
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         return f16_to_f32(self.bits[r0:r1])
+
+    def plain(self) -> np.ndarray:
+        return self.bits.view(np.float16)
 
 
 class BF16Weight(_Float16Bits):

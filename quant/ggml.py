@@ -215,6 +215,11 @@ class GGMLWeight(BlockWeight):
         d, m = d.reshape(rows, -1), m.reshape(rows, -1)
         return cls(shape, codes, d, m if lay.has_min else None, raw)
 
+    @classmethod
+    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
+        """Random codes, sane float16 scales."""
+        return cls.from_blocks(shape, random_blocks(cls.fmt, shape[0], shape[1], rng))
+
     def to_blocks(self) -> np.ndarray:
         return self.raw
 
@@ -251,6 +256,13 @@ class GGMLWeight(BlockWeight):
             raise QuantError(f"{cls.fmt}: the input dimension {cols} is not a multiple of 32")
         raw = quantize_q5(w.reshape(-1, 32), cls.fmt == "q5_1").reshape(rows, -1)
         return cls.from_blocks(w.shape, raw)
+
+
+# GGUF's tensor type ids of the formats llama-np reads (ggml.h's enum ggml_type)
+GGML_TYPES = {
+    0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1",
+    10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k",
+}  # fmt: skip
 
 
 def _ggml_class(fmt: str) -> type[GGMLWeight]:

@@ -110,7 +110,7 @@ class KVStore:
                 a[:, s0 : s0 + t] = v.transpose(1, 0, 2)
         return t * self.slot_bytes
 
-    def read(self, s0: int, s1: int) -> np.ndarray:
+    def load(self, s0: int, s1: int) -> np.ndarray:
         """Slots s0:s1 as float32, (n_kv, s1 - s0, hd)."""
         if self.tiled:
             s = np.arange(s0, s1)
@@ -120,7 +120,7 @@ class KVStore:
         return self.decode([a[:, s0:s1] for a in self._arrays])
 
     def stored_nbytes(self, s0: int, s1: int) -> int:
-        """Bytes the stored arrays hold for slots s0:s1: what a read of them touches
+        """Bytes the stored arrays hold for slots s0:s1: what loading them touches
         (whole tiles when tiled)."""
         if self.tiled:
             s0, s1 = s0 // TILE * TILE, -(-s1 // TILE) * TILE

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .base import Workspace
 from .errors import QuantError
 
 if TYPE_CHECKING:
-    from .base import Weight
+    from .base import Matrix
 
 # control words: [seq, kind, n_weights, T, cols, error, done of rank 1..15,
 # napping of rank 1..15], then ids
@@ -65,7 +66,7 @@ def balanced_cuts(splits: list[int], parts: int) -> list[tuple[int, int]]:
 
 
 class Team:
-    def __init__(self, weights: list[Weight], ranks: int) -> None:
+    def __init__(self, weights: list[Matrix], ranks: int) -> None:
         if not 2 <= ranks <= MAX_RANKS:
             raise QuantError(f"a team has 2 to {MAX_RANKS} processes, not {ranks}")
         self.ranks = ranks
@@ -78,6 +79,7 @@ class Team:
         self.x = np.frombuffer(self.shm, np.float32, X_CAP, offset=8 * 64)
         self.y = np.frombuffer(self.shm, np.float32, Y_CAP, offset=8 * 64 + 4 * X_CAP)
         self._plans: dict[tuple[int, ...], tuple[np.ndarray, list[int]]] = {}
+        self.work = Workspace()  # each process uses its own copy after the fork
         self.pids: list[int] = []
         self.parent = os.getpid()
         for rank in range(1, ranks):
@@ -85,12 +87,31 @@ class Team:
             if pid == 0:
                 self._worker(rank, seen=0)  # never returns
             self.pids.append(pid)
+        atexit.register(self.close)  # no worker outlives the program
+        self.label = f"numpy, {ranks} processes"
+
+    def matvecs(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
+        """W @ x for several matrices of the same input width, in one hand-over."""
+        if self.covers(weights) and x.size <= X_CAP and sum(w.shape[0] for w in weights) <= Y_CAP:
+            return self.run(MATVEC, weights, x)
+        return [w.matvec(x, self.work) for w in weights]
+
+    def matmuls(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
+        """x @ W.T for several matrices, in batches of rows of x that fit the shared buffers."""
+        rows = sum(w.shape[0] for w in weights)
+        if not self.covers(weights) or rows > Y_CAP:
+            return [w.matmul(x, self.work) for w in weights]
+        step = max(1, min(X_CAP // x.shape[1], Y_CAP // rows))
+        parts = [self.run(MATMUL, weights, x[i : i + step]) for i in range(0, x.shape[0], step)]
+        return [np.concatenate([p[k] for p in parts]) for k in range(len(weights))]
 
     # --- the caller's side -------------------------------------------------------------
-    def covers(self, weights: list[Weight]) -> bool:
-        return os.getpid() == self.parent and all(id(w) in self.index for w in weights)
+    def covers(self, weights: list[Matrix]) -> bool:
+        """Whether this team can run a job on these weights (not after it stopped)."""
+        running = os.getpid() == self.parent and bool(self.pids)
+        return running and all(id(w) in self.index for w in weights)
 
-    def _plan(self, weights: list[Weight]) -> tuple[np.ndarray, list[int]]:
+    def _plan(self, weights: list[Matrix]) -> tuple[np.ndarray, list[int]]:
         """For a group of weights used together: their ids and output offsets (per row of
         x). Cached: the same groups come back every token."""
         key = tuple(map(id, weights))
@@ -103,7 +124,7 @@ class Team:
             plan = self._plans[key] = (ids, offsets)
         return plan
 
-    def run(self, kind: int, weights: list[Weight], x: np.ndarray) -> list[np.ndarray]:
+    def run(self, kind: int, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
         """y = W @ x (MATVEC, x (cols,)) or x @ W.T (MATMUL, x (T, cols)) for each W."""
         ids, offsets = self._plan(weights)
         t = 1 if kind == MATVEC else x.shape[0]
@@ -143,7 +164,7 @@ class Team:
                 gone = True
             if gone:
                 self.pids.remove(pid)
-                stop()
+                self.close()
                 raise QuantError("a kernel worker process died; the team has stopped")
 
     # --- both sides --------------------------------------------------------------------
@@ -161,10 +182,10 @@ class Team:
             rows = w.shape[0]
             if r1 > r0:
                 if kind == MATVEC:
-                    w.matvec_rows(x, r0, r1, self.y[o + r0 : o + r1])
+                    w.matvec_rows(x, r0, r1, self.y[o + r0 : o + r1], self.work)
                 else:
                     y = self.y[o : o + t * rows].reshape(t, rows)
-                    w.matmul_rows(x, r0, r1, y[:, r0:r1])
+                    w.matmul_rows(x, r0, r1, y[:, r0:r1], self.work)
             o += t * rows
 
     def _worker(self, rank: int, seen: int) -> None:
@@ -210,8 +231,10 @@ class Team:
             os.read(wake, 4096)
 
     def close(self) -> None:
-        if os.getpid() != self.parent:
+        """Stop the workers (once; a forked child never stops its parent's team)."""
+        if os.getpid() != self.parent or not self.pids:
             return
+        atexit.unregister(self.close)
         self.ctl[KIND] = STOP
         self.ctl[SEQ] += 1
         for _, w in self.wake:
@@ -224,61 +247,28 @@ class Team:
         self.pids.clear()
 
 
-_team: Team | None = None
+class Solo:
+    """The kernels in this process: what runs when there is no team."""
+
+    ranks = 1
+
+    def __init__(self, label: str = "one process") -> None:
+        self.label = label  # how the kernels run, for reports
+        self.work = Workspace()
+
+    def matvecs(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
+        return [w.matvec(x, self.work) for w in weights]
+
+    def matmuls(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
+        return [w.matmul(x, self.work) for w in weights]
+
+    def close(self) -> None:
+        pass
 
 
-def start(weights: list[Weight], ranks: int) -> bool:
-    """Fork ranks - 1 workers sharing `weights`; False (single process) when ranks < 2 or
-    the platform is not supported. Any previous team stops first."""
-    global _team
-    stop()
+def start(weights: list[Matrix], ranks: int) -> Team | Solo:
+    """A team of `ranks` processes sharing `weights`, or Solo when ranks < 2 or the
+    platform is not supported."""
     if ranks < 2 or not supported():
-        return False
-    _team = Team(weights, ranks)
-    return True
-
-
-def stop() -> None:
-    global _team
-    if _team is not None:
-        team, _team = _team, None
-        team.close()
-
-
-atexit.register(stop)
-
-
-def active() -> int:
-    """Processes sharing the kernels (1 when no team runs)."""
-    return _team.ranks if _team is not None else 1
-
-
-def matvecs(weights: list[Weight], x: np.ndarray) -> list[np.ndarray]:
-    """W @ x for several matrices of the same input width, in one hand-over."""
-    if _team is not None and _team.covers(weights) and x.size <= X_CAP:
-        if sum(w.shape[0] for w in weights) <= Y_CAP:
-            return _team.run(MATVEC, weights, x)
-    out = []
-    for w in weights:
-        y = np.empty(w.shape[0], np.float32)
-        w.matvec_rows(x, 0, w.shape[0], y)
-        out.append(y)
-    return out
-
-
-def matmuls(weights: list[Weight], x: np.ndarray) -> list[np.ndarray]:
-    """x @ W.T for several matrices, in batches of rows of x that fit the shared buffers."""
-    if _team is not None and _team.covers(weights):
-        rows = sum(w.shape[0] for w in weights)
-        step = max(1, min(X_CAP // x.shape[1], Y_CAP // rows))
-        if rows <= Y_CAP:
-            parts = [
-                _team.run(MATMUL, weights, x[i : i + step]) for i in range(0, x.shape[0], step)
-            ]
-            return [np.concatenate([p[k] for p in parts]) for k in range(len(weights))]
-    out = []
-    for w in weights:
-        y = np.empty((x.shape[0], w.shape[0]), np.float32)
-        w.matmul_rows(x, 0, w.shape[0], y)
-        out.append(y)
-    return out
+        return Solo()
+    return Team(weights, ranks)

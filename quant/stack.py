@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import pairwise
-from typing import Self
 
 import numpy as np
 
-from .base import Weight
+from .base import Matrix, Weight, Workspace
 
 
-def stack_rows(weights: list[Weight]) -> Weight:
+def stack_rows(weights: list[Weight]) -> Matrix:
     """One matrix holding `weights`' rows in order: a new matrix of their common format;
     or a StackedWeight that leaves each part where it is, when the formats differ (a GGUF
     may keep v in higher precision: a stored tensor is never quantized again) or when the
@@ -24,45 +23,23 @@ def stack_rows(weights: list[Weight]) -> Weight:
     return StackedWeight(weights)
 
 
-class StackedWeight(Weight):
+class StackedWeight(Matrix):
     """Parts of different formats behind one matrix interface; rows are cut where the
     parts allow."""
 
-    bits_per_weight = float("nan")  # per part
-
     def __init__(self, parts: list[Weight]) -> None:
+        self.fmt = "+".join(p.fmt for p in parts)
         super().__init__((sum(p.shape[0] for p in parts), parts[0].shape[1]))
         self.parts = parts
         self.starts = [0]
         for p in parts:
             self.starts.append(self.starts[-1] + p.shape[0])
-        self.fmt = "+".join(p.fmt for p in parts)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f"{i}.{k}": a for i, p in enumerate(self.parts) for k, a in p.arrays().items()}
 
     def leaves(self) -> list[Weight]:
         return list(self.parts)
-
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        for i, p in enumerate(self.parts):
-            mine = {
-                k.split(".", 1)[1]: a for k, a in arrays.items() if k.split(".", 1)[0] == str(i)
-            }
-            if mine:
-                p.rebind(mine)
-
-    @classmethod
-    def nbytes_for(cls, shape: tuple[int, int]) -> int:
-        raise NotImplementedError("a stacked matrix has no single format")
-
-    @classmethod
-    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
-        raise NotImplementedError("a stacked matrix is saved part by part")
-
-    @classmethod
-    def from_float(cls, w: np.ndarray) -> Self:
-        raise NotImplementedError("a stacked matrix has no single format")
 
     def slice_rows(self, r0: int, r1: int) -> Weight:
         for p, a, b in zip(self.parts, self.starts, self.starts[1:], strict=True):
@@ -86,10 +63,14 @@ class StackedWeight(Weight):
             if lo < hi:
                 yield p, lo - a, hi - a, lo - r0
 
-    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matvec_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         for p, a, b, o in self._each(r0, r1):
-            p.matvec_rows(x, a, b, out[o : o + b - a])
+            p.matvec_rows(x, a, b, out[o : o + b - a], work)
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         for p, a, b, o in self._each(r0, r1):
-            p.matmul_rows(x, a, b, out[:, o : o + b - a])
+            p.matmul_rows(x, a, b, out[:, o : o + b - a], work)

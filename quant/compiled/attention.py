@@ -303,7 +303,9 @@ def attend(qkv, cos, sin, keys, values, slot, n, out):
     qkv (n_heads * hd + 2 * n_kv * hd,) the token's projections, q then k then v;
     cos, sin (hd / 2,) the token's RoPE angle; keys (tiled), values: the layer's stores.
     The new key and value go to `slot`, then the token attends to slots 0..n-1 (a ring's
-    slots in any order: attention does not care). out (n_heads * hd,) float32."""
+    slots in any order: attention does not care). out (n_heads * hd,) float32.
+    Long on purpose: RoPE, the append and the split-K passes share one parallel region,
+    and each prange loop must sit in the kernel itself for numba to parallelize it."""
     n_kv, hd = values[0].shape[0], cos.shape[0] * 2
     n_heads = (qkv.shape[0] - 2 * n_kv * hd) // hd
     rep = n_heads // n_kv

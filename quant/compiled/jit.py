@@ -77,7 +77,7 @@ def kernel_cache() -> Iterator[None]:
     kernel's cache on its own file only, so a change to a helper in another file (this
     one) would load stale machine code; and the project's cache is the one kept between
     runs. An explicit NUMBA_CACHE_DIR wins."""
-    from ..cache import cache_dir
+    from ..host import cache_dir
 
     saved = numba.config.CACHE_DIR
     if not os.environ.get("NUMBA_CACHE_DIR"):

@@ -1,9 +1,9 @@
 """Decode kernels: y = W @ x for one float32 vector x, one per weight format, reading the
 stored codes and scales directly (no float32 copy of any tile), rows split across threads.
 
-The loop shape that runs at memory speed (DESIGN.md section 4): a row keeps a vector of
-float32 accumulator lanes on the stack, adds `scale * (code * x)` lane by lane block after
-block, and sums its lanes once at the end. One scalar sum per block instead makes LLVM
+The loop shape that runs at memory speed (DEVELOPERS.md, "Compiled kernels"): a row keeps
+a vector of float32 accumulator lanes on the stack, adds `scale * (code * x)` lane by lane
+block after block, and sums its lanes once at the end. One scalar sum per block instead makes LLVM
 vectorize across blocks with gathers, 8x slower.
 
 Block formats are stored in groups of GROUP = 4 rows, interleaved block by block (as
@@ -182,7 +182,9 @@ def matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
     """q5_0 / q5_1: matvec_q4's layout and loop, plus `bits` (G, nb * 4) uint32, the fifth
     bit of each of a block's 32 codes (bit j: element j), added as 16 x in float:
     q . x = nibbles . x + 16 (bits . x). q5_1 passes its mins and factor 1; q5_0
-    (x = d (q - 16)) its scales and factor -16."""
+    (x = d (q - 16)) its scales and factor -16. Long on purpose: the split of x into
+    nibble halves and the row loop must stay in one function for LLVM to keep the 8
+    accumulator chains in registers (matvec_q4 has the same shape)."""
     x = prologue(x, norm, eps, mode)
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]

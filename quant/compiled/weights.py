@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..base import Weight
+from ..base import Weight, Workspace
 from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from ..errors import QuantError
 from ..floats import BF16Weight, F16Weight, F32Weight
@@ -73,17 +73,14 @@ class CompiledMatrix:
 
     fused = True  # matvec_into takes a prologue and an epilogue
 
-    def matvec(self, x: np.ndarray) -> np.ndarray:
+    def matvec(self, x: np.ndarray, work: Workspace | None = None) -> np.ndarray:
         out = np.empty(self.shape[0], np.float32)
         self.matvec_into(x, out)
         return out
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        out = np.empty((x.shape[0], self.shape[0]), np.float32)
-        self.matmul_rows(x, 0, self.shape[0], out)
-        return out
-
-    def matvec_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matvec_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         if (r0, r1) != (0, self.shape[0]):
             raise QuantError("compiled kernels take a whole matrix")
         self.matvec_into(x, out)
@@ -169,12 +166,6 @@ class CompiledBlockWeight(CompiledMatrix, BlockWeight):
         out = {"codes": self.codes, "scales": self.scales}
         return out | ({} if self.mins is None else {"mins": self.mins})
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        self.codes = arrays.get("codes", self.codes)
-        self.scales = arrays.get("scales", self.scales)
-        if self.mins is not None:
-            self.mins = arrays.get("mins", self.mins)
-
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         """Codes and float16 scales (and mins) of the rows padded to a multiple of GROUP."""
@@ -198,7 +189,9 @@ class CompiledBlockWeight(CompiledMatrix, BlockWeight):
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         grouped_matmul(self, x, out)
 
 
@@ -260,9 +253,6 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
     def arrays(self) -> dict[str, np.ndarray]:
         return {"blocks": self.blocks}
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        self.blocks = arrays.get("blocks", self.blocks)
-
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         """The stored blocks of the rows padded to a multiple of GROUP."""
@@ -285,7 +275,9 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         grouped_matmul(self, x, out)
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
@@ -322,10 +314,6 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
         out = {"codes": self.codes, "scales": self.scales, "bits": self.bits}
         return out | ({} if self.mins is None else {"mins": self.mins})
 
-    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
-        for key in self.arrays():
-            setattr(self, key, arrays.get(key, getattr(self, key)))
-
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
         rows, cols = shape
@@ -360,7 +348,9 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
-    def matmul_rows(self, x: np.ndarray, r0: int, r1: int, out: np.ndarray) -> None:
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
         grouped_matmul(self, x, out)
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:

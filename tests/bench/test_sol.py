@@ -1,4 +1,4 @@
-"""The speed-of-light model: parameter counts, bytes, FLOPs, devices, the `sol` command."""
+"""The speed-of-light model: parameter counts, bytes, FLOPs, devices."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from arch import PRESETS, Config
 from bench.devices import DeviceError, get_device, load_devices
-from bench.sol import PRESETS, Shape, ShapeError, estimate, load_shape
-from llama_np.cli import main
+from bench.sol import estimate
 
 # Published parameter counts (model cards / papers), to the precision they give.
 PUBLISHED = {
@@ -28,8 +28,13 @@ def test_mixture_of_experts_reads_only_active_experts():
     e = estimate(PRESETS["mixtral-8x7b"])
     # 12.9B active as published, which counts the whole embedding table; we read one row
     assert e.params_active + 32000 * 4096 - 4096 == pytest.approx(12.88e9, rel=2e-3)
-    dense = Shape("dense", 4096, 32, 32, 8, 128, 14336 * 2, 32000)  # 2 experts' worth
+    dense = Config("llama", 4096, 32, 32, 8, 128, 14336 * 2, 32000)  # 2 experts' worth
     assert e.reads["mlp_weights"] > estimate(dense).reads["mlp_weights"]  # plus the router
+
+
+def test_qwen2_biases_and_tied_head_count():
+    qwen = Config("qwen2", 896, 24, 14, 2, 64, 4864, 151936, tie_embeddings=True, qkv_bias=True)
+    assert estimate(qwen).params_total == pytest.approx(494e6, rel=5e-3)  # Qwen2-0.5B
 
 
 def test_bytes_per_token_follow_the_formats_own_sizes():
@@ -83,41 +88,3 @@ def test_user_devices_and_peaks(tmp_path):
     assert get_device("rtx-4090", peak_gbs=500).bandwidth == 500e9
     with pytest.raises(DeviceError, match="unknown device 'gpu-9000'"):
         get_device("gpu-9000")
-
-
-def test_shapes_from_hf_configs(tmp_path):
-    cfg = {
-        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
-        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
-        "vocab_size": 151936, "tie_word_embeddings": True,
-    }  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    s = load_shape(str(tmp_path))
-    assert s.qkv_bias and s.tied and s.head_dim == 64
-    assert estimate(s).params_total == pytest.approx(494e6, rel=5e-3)  # Qwen2-0.5B
-    with pytest.raises(ShapeError, match="neither a preset"):
-        load_shape("no-such-model")
-
-
-def test_sol_command_json(capsys):
-    assert (
-        main(
-            ["sol", "--config", "llama-2-7b", "--device", "rtx-4090", "--weights", "q4_0", "--json"]
-        )
-        == 0
-    )
-    d = json.loads(capsys.readouterr().out)
-    for key in ("params_total", "params_active", "weight_bytes_per_token", "kv_bytes_per_token",
-                "bytes_per_token", "flops_per_token", "bandwidth_bytes_per_s",
-                "predicted_ms_per_token", "predicted_tokens_per_s", "bound"):  # fmt: skip
-        assert key in d
-    assert d["bound"] == "memory"
-    assert d["predicted_ms_per_token"] == pytest.approx(1e3 * d["bytes_per_token"] / 1008e9)
-
-
-def test_sol_command_errors(capsys):
-    assert main(["sol", "--config", "llama-2-7b", "--device", "gpu-9000"]) == 2
-    assert "unknown device" in capsys.readouterr().err
-    assert main(["sol", "--config", "nope"]) == 2
-    assert main(["sol", "--list-devices"]) == 0
-    assert "h100-sxm" in capsys.readouterr().out

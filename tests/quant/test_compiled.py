@@ -83,7 +83,7 @@ def stores(fmt: str, n_kv: int, slots: int, hd: int, tiled: bool):
 
 def reference_attention(qkv, cos, sin, keys, values, n_heads, n_kv, hd, slot, n):
     """NumPy: rotate, store through the stores' own write, attend to slots 0..n-1."""
-    from llama_np.ops import attention as np_attention
+    from llama_np.model.ops import attention as np_attention
 
     q = qkv[: n_heads * hd].reshape(1, n_heads, hd)
     k = qkv[n_heads * hd : (n_heads + n_kv) * hd].reshape(1, n_kv, hd)
@@ -95,7 +95,7 @@ def reference_attention(qkv, cos, sin, keys, values, n_heads, n_kv, hd, slot, n)
 
     keys.write(slot, rope(k))
     values.write(slot, v)
-    return np_attention(rope(q), keys.read(0, n), values.read(0, n))[0]
+    return np_attention(rope(q), keys.load(0, n), values.load(0, n))[0]
 
 
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
@@ -118,8 +118,8 @@ def test_decode_attention_equals_numpy(kv, n_heads, n_kv, n):
     attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), n - 1, n, out)
     ref = reference_attention(qkv, cos, sin, rk, rv, n_heads, n_kv, hd, n - 1, n)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * np.abs(ref).max() + 1e-7)
-    np.testing.assert_allclose(ck.read(0, n), rk.read(0, n), rtol=0, atol=1e-6)
-    assert np.array_equal(cv.read(0, n), rv.read(0, n))
+    np.testing.assert_allclose(ck.load(0, n), rk.load(0, n), rtol=0, atol=1e-6)
+    assert np.array_equal(cv.load(0, n), rv.load(0, n))
 
 
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
@@ -137,14 +137,14 @@ def test_a_kernel_stores_what_numpy_stores(kv):
     attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), 7, 8, out)
     rk.write(7, qkv[2 * hd : (2 + n_kv) * hd].reshape(1, n_kv, hd))
     rv.write(7, qkv[(2 + n_kv) * hd :].reshape(1, n_kv, hd))
-    assert np.array_equal(ck.read(7, 8), rk.read(7, 8))
-    assert np.array_equal(cv.read(7, 8), rv.read(7, 8))
+    assert np.array_equal(ck.load(7, 8), rk.load(7, 8))
+    assert np.array_equal(cv.load(7, 8), rv.load(7, 8))
     for a, b in zip(cv.arrays(), rv.arrays(), strict=True):
         assert np.array_equal(a, b)
 
 
 def test_small_ops_equal_numpy():
-    from llama_np.ops import rmsnorm, swiglu
+    from llama_np.model.ops import rmsnorm, swiglu
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal(576).astype(np.float32) * 3
@@ -201,6 +201,7 @@ def kernel_functions(llvm: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # compiles every kernel to LLVM IR: ~35 s
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
 def test_no_float64_arithmetic_in_a_kernel(kernel):
     """Compiled anew (the disk cache hides the code) for each signature the backend used,

@@ -19,7 +19,7 @@ def test_write_read_round_trip(fmt, tiled):
     x = np.random.default_rng(0).standard_normal((3, 5, 64)).astype(np.float32) * 4
     store = kv_store_class(fmt)(3, 32, 64, tiled=tiled)
     written = store.write(7, x.transpose(1, 0, 2))  # written (T, n_kv, hd), read (n_kv, T, hd)
-    got = store.read(7, 12)
+    got = store.load(7, 12)
     assert got.dtype == np.float32 and got.shape == x.shape
     amax = np.abs(x).reshape(3, 5, 2, 32).max(-1, keepdims=True)
     scale = np.broadcast_to(amax, (3, 5, 2, 32)).reshape(x.shape) if fmt == "q8_0" else np.abs(x)
@@ -46,14 +46,14 @@ def test_lazy_zeros_are_writable_zeros(shape):
 def test_unwritten_slots_read_as_zero(fmt, tiled):
     store = kv_store_class(fmt)(2, 8, 32, tiled=tiled)
     store.write(0, np.ones((1, 2, 32), np.float32))
-    got = store.read(0, 8)
+    got = store.load(0, 8)
     assert np.allclose(got[:, 0], 1, rtol=1e-2) and not got[:, 1:].any()
 
 
 def test_f16_saturates_instead_of_overflowing():
     store = kv_store_class("f16")(1, 2, 32)
     store.write(0, np.full((1, 1, 32), 1e6, np.float32))  # (T, n_kv, hd)
-    assert (store.read(0, 1) == 65504.0).all()
+    assert (store.load(0, 1) == 65504.0).all()
 
 
 def test_q8_0_needs_whole_blocks():

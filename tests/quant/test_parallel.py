@@ -8,34 +8,39 @@ import signal
 import numpy as np
 import pytest
 
-from quant import FORMATS, QuantError, matmuls, matvecs, parallel
+from quant import FORMATS, QuantError, parallel
 
 pytestmark = pytest.mark.skipif(not parallel.supported(), reason="the team runs on x86-64 only")
 
 
 @pytest.fixture
 def weights():
-    parallel.stop()  # a model loaded by an earlier test leaves its team running
     rng = np.random.default_rng(0)
     specs = [("f32", 576), ("q8_0", 192), ("q4_0", 1541), ("q4_1", 96), ("bf16", 300), ("f16", 50)]
-    ws = [FORMATS[f].from_float(rng.standard_normal((n, 576)).astype(np.float32)) for f, n in specs]
-    yield ws
-    parallel.stop()
+    return [
+        FORMATS[f].from_float(rng.standard_normal((n, 576)).astype(np.float32)) for f, n in specs
+    ]
 
 
-def local(fn, ws, x):
-    assert parallel.active() == 1
-    return fn(ws, x)
+@pytest.fixture
+def team(weights):
+    with_team = parallel.start(weights, 2)
+    yield with_team
+    with_team.close()
 
 
-def test_team_matvec_and_matmul_equal_one_process(weights):
+def test_team_matvec_and_matmul_equal_one_process(weights, team):
     x = np.random.default_rng(1).standard_normal((7, 576)).astype(np.float32)
-    alone_v, alone_m = local(matvecs, weights, x[0]), local(matmuls, weights, x)
-    assert parallel.start(weights, 2)
-    team_v, team_m = matvecs(weights, x[0]), matmuls(weights, x)
+    solo = parallel.Solo()
+    alone_v, alone_m = solo.matvecs(weights, x[0]), solo.matmuls(weights, x)
+    team_v, team_m = team.matvecs(weights, x[0]), team.matmuls(weights, x)
     for a, b in zip(alone_v + alone_m, team_v + team_m, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-5)
-    assert parallel.active() == 2
+    assert team.ranks == 2 and team.label == "numpy, 2 processes"
+
+
+def test_one_rank_is_no_team(weights):
+    assert isinstance(parallel.start(weights, 1), parallel.Solo)
 
 
 def test_cuts_are_balanced_at_allowed_boundaries():
@@ -43,22 +48,21 @@ def test_cuts_are_balanced_at_allowed_boundaries():
     assert parallel.balanced_cuts([0, 10], 3) == [(0, 0), (0, 10), (10, 10)]
 
 
-def test_a_dead_worker_is_reported_and_the_kernels_go_on(weights):
+def test_a_dead_worker_is_reported_and_the_kernels_go_on(weights, team):
     x = np.ones(576, np.float32)
-    parallel.start(weights, 2)
-    os.kill(parallel._team.pids[0], signal.SIGKILL)
+    os.kill(team.pids[0], signal.SIGKILL)
     with pytest.raises(QuantError, match="died"):
         for _ in range(10**7):  # the check runs every so many spins
-            matvecs(weights, x)
-    assert parallel.active() == 1
-    np.testing.assert_allclose(matvecs(weights[:1], x)[0], weights[0].w @ x, rtol=1e-5)
+            team.matvecs(weights, x)
+    assert not team.covers(weights)  # stopped: the kernels run in this process
+    np.testing.assert_allclose(team.matvecs(weights[:1], x)[0], weights[0].w @ x, rtol=1e-5)
 
 
-def test_stop_reaps_the_workers(weights):
-    parallel.start(weights, 3)
-    pids = list(parallel._team.pids)
+def test_close_reaps_the_workers(weights):
+    team = parallel.start(weights, 3)
+    pids = list(team.pids)
     assert len(pids) == 2
-    parallel.stop()
+    team.close()
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,33 @@
+"""What a llama-family model is, from its shape alone: one description shared by the engine
+(llama_np) and the speed-of-light model (bench). This package imports nothing else of the
+project.
+
+    Config        the model's dimensions, RoPE, window, biases, experts, special tokens
+    hf            Config <-> a Hugging Face config.json (the one parser of it)
+    presets       published configurations, by name ("llama-2-7b", "smollm2-135m", ...)
+    tensors       the matrices and vectors of a layer, by role, with their shapes
+"""
+
+from __future__ import annotations
+
+from .config import SUPPORTED, Config, ConfigError, RopeScaling
+from .hf import config_from_hf, config_to_hf, read_config_json
+from .presets import PRESETS, load_config
+from .tensors import ATTN_ROLES, MLP_ROLES, ROLES, layer_matrices, layer_vectors
+
+__all__ = [
+    "ATTN_ROLES",
+    "MLP_ROLES",
+    "PRESETS",
+    "ROLES",
+    "SUPPORTED",
+    "Config",
+    "ConfigError",
+    "RopeScaling",
+    "config_from_hf",
+    "config_to_hf",
+    "layer_matrices",
+    "layer_vectors",
+    "load_config",
+    "read_config_json",
+]

@@ -1,0 +1,172 @@
+"""The commands that run a model: generate, chat, perplexity, quantize, pull, list.
+Generated text goes to stdout; measurements and errors go to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llama_np.cli.measure import device_of
+from llama_np.errors import UsageError
+
+if TYPE_CHECKING:  # the CLI imports the heavy modules only when a command runs
+    from llama_np.api import LLM
+    from llama_np.generation.generate import Stats
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("temp", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the {what} {path}: {e}") from None
+
+
+def load_model(args: argparse.Namespace) -> LLM:
+    from llama_np.api import load
+
+    return load(args.model, weights=args.weights, head=args.head, threads=args.threads,
+                kernels=args.kernels, progress=True)  # fmt: skip
+
+
+def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: str = "") -> str:
+    parts = [f"prompt {stats.prompt_tokens} tokens, prefill {stats.prefill_tok_s:.1f} tok/s"]
+    if stats.decode_steps:
+        parts.append(
+            f"generated {len(stats.generated)} tokens, decode {stats.decode_ms:.2f} ms/token "
+            f"({1e3 / stats.decode_ms:.1f} tok/s)"
+        )
+        parts.append(f"{stats.bytes_per_token / 1e6:.1f} MB/token, {stats.gbs:.1f} GB/s")
+        parts += peak_shares(stats, args)
+    else:
+        parts.append(f"generated {len(stats.generated)} tokens")
+    if kernels:
+        parts.append(kernels)
+    parts.append(f"stop: {stats.stop_reason}, seed {stats.seed}")
+    return "llama-np: " + " | ".join(parts)
+
+
+def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
+    """Achieved bandwidth as a share of this machine's attainable bandwidth (from a cached
+    `llama-np probe`) and of a device's theoretical peak (--device / --peak-gbs)."""
+    from bench.probe import load_probe
+    from quant.host import usable_cores
+
+    out = []
+    probe = load_probe((args.threads if args else None) or usable_cores())
+    if probe is None:
+        out.append("% of attainable: run `llama-np probe` once")
+    else:
+        tier, bw = probe.attainable(int(stats.bytes_per_token))
+        out.append(f"{100 * stats.gbs * 1e9 / bw:.0f}% of attainable {tier} ({bw / 1e9:.1f} GB/s)")
+    device = device_of(args) if args is not None and hasattr(args, "device") else None
+    if device is not None:
+        out.append(f"{100 * stats.gbs * 1e9 / device.bandwidth:.1f}% of {device.name} peak")
+    return out
+
+
+def stream_out(pieces: Iterable[str]) -> None:
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from llama_np.generation.chat import ChatSession
+    from llama_np.generation.generate import Stats
+
+    if args.file is not None:
+        prompt = read_text(args.file, "prompt file")
+    elif args.prompt is not None:
+        prompt = args.prompt
+    else:
+        raise UsageError("give a prompt with -p TEXT or -f FILE")
+    with load_model(args) as llm:
+        stats = Stats()
+        if args.chat:
+            chat = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv,
+                               **sampling(args))  # fmt: skip
+            stream_out(chat.send(prompt, args.n_predict, stats))
+        else:
+            opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv)
+            stream_out(llm.stream(prompt, args.n_predict, stats=stats, **opts, **sampling(args)))
+        print(summary_line(stats, args, llm.kernels), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from llama_np.generation.chat import ChatSession
+    from llama_np.generation.generate import Stats
+
+    with load_model(args) as llm:
+        chat = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv, **sampling(args))
+        print(
+            f"llama-np chat with {llm.path.name}: type a message, Ctrl-D to leave", file=sys.stderr
+        )
+        while True:
+            try:
+                sys.stderr.write("> ")  # the prompt is not output: stdout carries only replies
+                sys.stderr.flush()
+                line = input()
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+            if not line.strip():
+                continue
+            stats = Stats()
+            stream_out(chat.send(line, args.n_predict, stats))
+            if args.verbose:
+                print(summary_line(stats, args, llm.kernels), file=sys.stderr)
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from llama_np.io.hub import resolve_model
+    from llama_np.io.quantize import quantize_checkpoint
+
+    out = quantize_checkpoint(
+        resolve_model(args.model), args.output, args.to, args.head, args.force
+    )
+    print(f"llama-np: wrote {out} ({args.to})", file=sys.stderr)
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from llama_np.generation.perplexity import perplexity
+
+    text = read_text(args.file, "text file")
+    with load_model(args) as llm:
+        r = perplexity(llm, text, args.ctx_size, args.kv, progress=True)
+    windows = r.evaluated // args.ctx_size
+    print(
+        f"perplexity {r.ppl:.4f} over {r.scored} scored tokens "
+        f"({windows} windows of {args.ctx_size}), {r.tokens_per_s:.1f} tok/s"
+    )
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from llama_np.io.hub import pull
+
+    print(pull(args.alias, force=args.force))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from llama_np.io.hub import list_models
+    from quant.host import cache_dir
+
+    print(f"cache: {cache_dir()}")
+    for alias, description, where in list_models():
+        print(f"{alias:16s} {description}\n{'':16s} {where}")
+    return 0

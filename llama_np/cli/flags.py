@@ -1,0 +1,169 @@
+"""Every flag of every command, in one place: their specs (argparse's arguments), the
+types that check them, and the parser that turns a bad one into one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from llama_np.io.hub import DEFAULT_MODEL
+from quant import FORMATS, TARGETS
+from quant.backends import KERNELS
+from quant.kv import KV_FORMATS
+
+Spec = tuple[tuple[str, ...], dict[str, Any]]
+MAX_PREDICT = 10_000_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add(p: argparse.ArgumentParser, specs: list[Spec]) -> None:
+    for flags, kwargs in specs:
+        p.add_argument(*flags, **kwargs)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def n_predict(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_PREDICT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PREDICT:,} tokens, got {value:,}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or abs(value) == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def depths(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"depths must be >= 0, got {text!r}")
+    return values
+
+
+KV = sorted(KV_FORMATS)
+
+# fmt: off
+KV_ARG = (("--kv",), dict(default="f32", choices=KV, metavar="FMT", help=f"KV cache format: {' '.join(KV)} (default: %(default)s)"))
+KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed (default: %(default)s)"))
+THREADS_ARG = (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)"))
+WINDOW_ARG = (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)"))
+MODEL_ARGS = [
+    (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
+    (("--weights",), dict(choices=TARGETS, metavar="FMT", help=f"convert the weights to FMT at load: {' '.join(TARGETS)} (default: as stored)")),
+    (("--head",), dict(choices=TARGETS, metavar="FMT", help="format of the LM head (default: as --weights)")),
+    THREADS_ARG,
+    KERNELS_ARG,
+]
+SAMPLING_ARGS = [
+    (("-n", "--n-predict"), dict(type=n_predict, default=128, help="tokens to generate (default: %(default)s)")),
+    (("--temp",), dict(type=finite_float, default=0.8, help="temperature, 0 for greedy (default: %(default)s)")),
+    (("--top-k",), dict(type=int, default=40, help="keep the k most likely tokens, 0 = off (default: %(default)s)")),
+    (("--top-p",), dict(type=finite_float, default=0.95, help="keep the smallest set with this probability mass, 1 = off (default: %(default)s)")),
+    (("--min-p",), dict(type=finite_float, default=0.05, help="drop tokens below min-p x the top probability, 0 = off (default: %(default)s)")),
+    (("--repeat-penalty",), dict(type=finite_float, default=1.0, help="penalize recent tokens, 1 = off (default: %(default)s)")),
+    (("--repeat-last-n",), dict(type=int, default=64, help="how many recent tokens the penalty sees (default: %(default)s)")),
+    (("--seed",), dict(type=int, default=None, help="random seed (default: a fresh one, printed in the summary)")),
+    (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: the model's)")),
+    WINDOW_ARG,
+    KV_ARG,
+]
+CHAT_ARGS = [(("--system",), dict(default=None, help="system prompt (default: the template's own, if any)"))]
+DEVICE_ARGS = [
+    (("--device",), dict(help="device from the table (`llama-np sol --list-devices`)")),
+    (("--peak-gbs",), dict(type=float, help="peak memory bandwidth, GB/s (overrides --device)")),
+    (("--peak-gflops",), dict(type=float, help="peak GFLOPS (overrides --device)")),
+    (("--devices",), dict(action="append", default=[], metavar="FILE", help="extra device table (JSON)")),
+]
+GENERATE_ARGS = [
+    *MODEL_ARGS,
+    (("-p", "--prompt"), dict(help="the prompt text")),
+    (("-f", "--file"), dict(help="read the prompt from this file")),
+    *SAMPLING_ARGS,
+    (("--stop",), dict(action="append", default=[], metavar="TEXT", help="stop when TEXT is generated; repeatable")),
+    (("--chat",), dict(action="store_true", help="wrap the prompt in the model's chat template")),
+    *CHAT_ARGS,
+    *DEVICE_ARGS,
+]
+CHAT_COMMAND_ARGS = [
+    *MODEL_ARGS, *SAMPLING_ARGS, *CHAT_ARGS,
+    (("-v", "--verbose"), dict(action="store_true", help="print a summary line after each reply")),
+]
+QUANTIZE_ARGS = [
+    (("-m", "--model"), dict(required=True, help="input checkpoint directory, .gguf file or alias")),
+    (("--to",), dict(required=True, choices=TARGETS, metavar="FMT", help=f"weight format: {' '.join(TARGETS)}")),
+    (("-o", "--output"), dict(required=True, help="output directory (must not exist)")),
+    (("--head",), dict(choices=TARGETS, metavar="FMT", help="format of the LM head (default: as --to)")),
+    (("--force",), dict(action="store_true", help="replace OUT if it exists")),
+]
+PERPLEXITY_ARGS = [
+    *MODEL_ARGS,
+    (("-f", "--file"), dict(required=True, help="the text file")),
+    (("-c", "--ctx-size"), dict(type=positive_int, default=256, help="window size in tokens (default: %(default)s)")),
+    KV_ARG,
+]
+PULL_ARGS = [
+    (("alias",), dict(nargs="?", default=DEFAULT_MODEL, help="model alias (default: %(default)s)")),
+    (("--force",), dict(action="store_true", help="download again even if cached")),
+]
+SOL_ARGS = [
+    (("--config",), dict(help="a preset (e.g. llama-2-7b, smollm2-135m), a config.json or a checkpoint directory")),
+    (("--weights",), dict(default="f32", choices=sorted(FORMATS), metavar="FMT", help="weight format (default: %(default)s)")),
+    (("--head",), dict(choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)")),
+    KV_ARG,
+    (("--pos",), dict(type=int, default=0, help="position of the decoded token (default: %(default)s)")),
+    (("--window",), dict(type=positive_int, help="sliding window (default: the config's)")),
+    (("--json",), dict(action="store_true", help="print one JSON object")),
+    (("--engine-layout",), dict(action="store_true", help="count bytes as llama-np holds matrices in memory (default: the formats' own sizes)")),
+    KERNELS_ARG,
+    (("--list-devices",), dict(action="store_true", help="print the device table and exit")),
+    *DEVICE_ARGS,
+]
+PROBE_ARGS = [
+    (("-t", "--threads"), dict(type=positive_int, help="BLAS threads (default: all cores)")),
+    (("--refresh",), dict(action="store_true", help="measure again instead of using the cached result")),
+    (("--json",), dict(action="store_true", help="print JSON")),
+]
+BENCH_ARGS = [
+    *MODEL_ARGS,
+    KV_ARG,
+    (("-p", "--prompt"), dict(type=positive_int, default=32, help="prefill tokens (default: %(default)s)")),
+    (("-n", "--n-predict"), dict(type=positive_int, default=128, help="decode steps per repetition (default: %(default)s)")),
+    (("--depth",), dict(type=depths, default=(0,), help="comma-separated KV depths (default: 0)")),
+    (("--window",), dict(type=positive_int, help="sliding window (default: the model's)")),
+    (("-r", "--reps"), dict(type=positive_int, default=5, help="repetitions, interleaved across depths (default: %(default)s)")),
+    (("--plot",), dict(metavar="FILE.png", help="plot ms/token vs depth and achieved vs attainable GB/s")),
+    (("--profile",), dict(action="store_true", help="time, bytes and GB/s per category")),
+    *DEVICE_ARGS,
+]
+BENCH_OUTPUT = [  # mutually exclusive
+    (("--json",), dict(action="store_true", help="JSON output")),
+    (("--csv",), dict(action="store_true", help="CSV output")),
+    (("--md",), dict(action="store_true", help="markdown table")),
+]
+# fmt: on

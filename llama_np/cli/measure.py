@@ -1,0 +1,164 @@
+"""The measuring commands: `llama-np sol`, `probe` and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from arch import ConfigError, load_config
+from bench.devices import Device, DeviceError, get_device, load_devices
+from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
+from bench.sol import Estimate, Prediction, estimate, to_json
+from llama_np.errors import UsageError
+from quant.host import usable_cores
+
+if TYPE_CHECKING:
+    from llama_np.model.transformer import Transformer
+
+
+def device_of(args: argparse.Namespace) -> Device | None:
+    try:
+        return get_device(args.device, args.devices, args.peak_gbs, args.peak_gflops)
+    except DeviceError as e:
+        raise UsageError(str(e)) from None
+
+
+def probe_for(threads: int, refresh: bool = False) -> Probe:
+    """The cached probe of this machine, measured first if there is none."""
+    probe = None if refresh else load_probe(threads)
+    if probe is None:
+        print(
+            f"llama-np: probing attainable bandwidth with {threads} threads (cached afterwards)",
+            file=sys.stderr,
+        )
+        probe = run_probe(threads)
+        save_probe(probe)
+    return probe
+
+
+def cmd_sol(args: argparse.Namespace) -> int:
+    if args.list_devices:
+        for d in load_devices(args.devices).values():
+            flops = ", ".join(f"{k} {v / 1e12:g} TF" for k, v in d.flops.items())
+            print(f"{d.name:16s} {d.bandwidth / 1e9:8.1f} GB/s  {flops:28s} {d.title}")
+        return 0
+    if args.config is None:
+        raise UsageError("give --config PATH_OR_PRESET")
+    try:
+        config = load_config(args.config)
+        e = estimate(config, args.weights, args.kv, args.pos, args.window, args.head,
+                     args.engine_layout, kernels=backend_name(args.kernels))  # fmt: skip
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+    device = device_of(args)
+    pred = e.predict(device.bandwidth, device.peak_flops(args.weights)) if device else None
+    if args.json:
+        print(json.dumps(to_json(e, pred) | ({"device": device.name} if device else {}), indent=1))
+        return 0
+    print(sol_text(e, pred, device))
+    return 0
+
+
+def backend_name(kernels: str) -> str:
+    """The backend `--kernels` resolves to ("auto": numba when it is importable)."""
+    from quant.backends import numba_importable
+
+    if kernels == "auto":
+        return "numba" if numba_importable() else "numpy"
+    return kernels
+
+
+def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str:
+    head = f" (head {e.head})" if e.head != e.weights else ""
+    layout = (
+        f"llama-np's in-memory layout ({e.kernels} kernels)"
+        if e.engine
+        else "the formats' own sizes"
+    )
+    lines = [
+        f"{e.config.name}: weights {e.weights}{head}, kv {e.kv}, position {e.pos}, "
+        f"attends to {e.n_keys} keys; bytes as {layout}",
+        f"  parameters       {e.params_total / 1e6:12.1f} M total, "
+        f"{e.params_active / 1e6:.1f} M read per token",
+        f"  bytes per token  {e.bytes_per_token / 1e6:12.2f} MB "
+        f"(weights {e.weight_bytes / 1e6:.2f}, KV {e.kv_bytes / 1e6:.2f})",
+        *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items()),
+        f"  FLOPs per token  {e.flops / 1e9:12.3f} GFLOP "
+        f"({e.flops / e.bytes_per_token:.2f} FLOP/byte)",
+    ]
+    if pred and device:
+        lines += [
+            f"  device           {device.title}: {device.bandwidth / 1e9:g} GB/s, "
+            f"{(pred.peak_flops or 0) / 1e12:g} TFLOPS  [{device.source}]",
+            f"  speed of light   {pred.ms_per_token:.3f} ms/token ({pred.tokens_per_s:.1f} tok/s), "
+            f"{pred.bound}-bound "
+            f"(memory {pred.memory_ms:.3f} ms, compute {pred.compute_ms:.3f} ms)",
+        ]
+    return "\n".join(lines)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    probe = probe_for(args.threads or usable_cores(), refresh=args.refresh)
+    print(
+        json.dumps(probe.__dict__, default=lambda o: o.__dict__, indent=1)
+        if args.json
+        else probe_report(probe)
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.runner import Settings, run
+    from llama_np.model.decoder import Decoder
+
+    threads = args.threads or usable_cores()
+    device = device_of(args)
+    with bench_model(args, threads) as model:
+        window = args.window if args.window is not None else model.config.sliding_window
+        s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
+                     profile=args.profile)  # fmt: skip
+        probe = probe_for(threads)
+        dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
+        rows = run(dec, s, probe, device)
+    print_rows(rows, args, {"threads": threads, "machine": probe.machine})
+    if args.plot:
+        from bench import report
+
+        report.plot(rows, args.plot, title=f"{model.name}, {threads} threads")
+        print(f"llama-np: wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def bench_model(args: argparse.Namespace, threads: int) -> Transformer:
+    """The model to measure, its kernels started: a checkpoint, or `synthetic:SHAPE`."""
+    from llama_np.api import choose_backend, load
+    from llama_np.model.synthetic import SYNTHETIC, synthetic_model
+
+    if args.model.startswith(SYNTHETIC):
+        backend = choose_backend(args.kernels)
+        try:
+            model = synthetic_model(args.model, args.weights, args.head, backend)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        return model.start(threads)
+    llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
+               kernels=args.kernels, progress=True)  # fmt: skip
+    return llm.model
+
+
+def print_rows(rows: list, args: argparse.Namespace, meta: dict) -> None:
+    from bench import report
+
+    if args.json:
+        print(report.json_text(rows, meta))
+    elif args.csv:
+        print(report.csv_text(rows), end="")
+    elif args.md:
+        print(report.markdown(rows))
+    else:
+        print(report.text_table(rows))
+    if args.profile and not args.json:
+        for r in rows:
+            print("\n" + report.profile_table(r))

@@ -1,0 +1,63 @@
+"""`llama-np perplexity`: teacher-forced perplexity over a text, in batched windows.
+
+As llama.cpp's perplexity tool: the text is cut into windows of `ctx` tokens, each window
+starts with BOS and runs as one batched prefill, and only the second half of each window
+is scored, so every scored token sees at least ctx/2 tokens of context.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from llama_np.api import LLM
+from llama_np.errors import UsageError
+
+
+@dataclass
+class Perplexity:
+    ppl: float
+    nll: float  # mean negative log-likelihood per scored token (nats)
+    scored: int  # tokens scored
+    evaluated: int  # tokens run through the model
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.evaluated / self.seconds
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def perplexity(
+    llm: LLM, text: str, ctx: int = 256, kv: str = "f32", progress: bool = False
+) -> Perplexity:
+    if ctx < 8:
+        raise UsageError(f"-c/--ctx-size must be at least 8 for perplexity, got {ctx}")
+    ids = llm.tokenize(text, bos=False)
+    bos = llm.tokenizer.bos_id
+    body = ctx - 1 if bos is not None else ctx  # the window's first slot is BOS
+    n_windows = len(ids) // body
+    if n_windows < 1:
+        raise UsageError(f"the text has {len(ids)} tokens, fewer than one window of {ctx}")
+    nll, scored, t0 = 0.0, 0, time.perf_counter()
+    for w in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress):
+        window = ids[w * body : (w + 1) * body]
+        tokens = ([bos] if bos is not None else []) + window
+        logits = llm.logits(tokens, llm.new_cache(ctx, kv=kv))  # (ctx, vocab)
+        first = ctx // 2
+        lp = log_softmax(logits[first - 1 : -1])  # predictions of tokens first..ctx-1
+        targets = np.asarray(tokens[first:])
+        nll -= float(lp[np.arange(len(targets)), targets].sum())
+        scored += len(targets)
+    seconds = time.perf_counter() - t0
+    mean = nll / scored
+    return Perplexity(math.exp(mean), mean, scored, n_windows * ctx, seconds)

@@ -1,0 +1,73 @@
+"""A model on disk, opened: its config, its tensors by Hugging Face name (matrices already
+in their format and the kernel backend's layout), and its tokenizer. A checkpoint
+directory of safetensors, a .safetensors file inside one, or a .gguf file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from arch import Config
+from llama_np.errors import LlamaNpError, UsageError
+from llama_np.io.safetensors import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
+from llama_np.io.tokenizer import Tokenizer, load_tokenizer
+from llama_np.model.build import Tensor
+from quant.backends import Backend, numpy_backend
+
+# Metadata key under which `llama-np quantize` records each tensor's format and shape.
+FORMATS_KEY = "llama_np.formats"
+
+
+@dataclass
+class Source:
+    config: Config
+    tensors: dict[str, Tensor]
+    tokenizer: Tokenizer | None
+    path: Path
+    kind: str  # "hf" or "gguf"
+
+
+def hf_tensors(ckpt: Checkpoint, backend: Backend) -> dict[str, Tensor]:
+    """Tensors by name: float matrices as stored, quantized ones rebuilt from their parts
+    in the backend's layout."""
+    try:
+        formats = json.loads(ckpt.metadata.get(FORMATS_KEY, "{}"))
+    except json.JSONDecodeError as e:
+        raise LlamaNpError(f"{ckpt.path}: bad '{FORMATS_KEY}' metadata ({e})") from None
+    out: dict[str, Tensor] = {}
+    used: set[str] = set()
+    for name, spec in formats.items():
+        parts = {
+            k[len(name) + 1 :]: t.data for k, t in ckpt.tensors.items() if k.startswith(name + ":")
+        }
+        used.update(f"{name}:{k}" for k in parts)
+        try:
+            cls = backend.weight_class(spec["format"])
+            out[name] = cls.from_arrays(tuple(spec["shape"]), parts)
+        except (KeyError, TypeError, ValueError) as e:
+            raise LlamaNpError(f"{ckpt.path}: tensor {name!r} cannot be read ({e})") from None
+    for name, raw in ckpt.tensors.items():
+        if name not in used:
+            out[name] = raw.as_weight(backend) if raw.data.ndim == 2 else raw.as_f32()
+    return out
+
+
+def open_source(path: str | Path, backend: Backend | None = None) -> Source:
+    """Open a model; quantized matrices are laid out for `backend` (default: NumPy's) as
+    they are read."""
+    from llama_np.io.gguf import load_gguf
+
+    backend = backend or numpy_backend()
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if path.suffix in PICKLE_SUFFIXES:
+        refuse_pickle(path)
+    if path.suffix == ".gguf":
+        config, tensors, tokenizer = load_gguf(path, backend)
+        return Source(config, tensors, tokenizer, path, "gguf")
+    directory = path if path.is_dir() else path.parent
+    ckpt = load_hf_checkpoint(directory)
+    tensors = hf_tensors(ckpt, backend)
+    return Source(ckpt.config, tensors, load_tokenizer(directory), directory, "hf")

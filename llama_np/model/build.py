@@ -1,0 +1,112 @@
+"""From a checkpoint's tensors to the model's weights: check every tensor against the
+config, put each matrix in the format asked for and the backend's layout (once, at load
+time), stack the matrices that read the same input, and pack them into one arena."""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm import tqdm
+
+from arch import Config, layer_matrices, layer_vectors
+from llama_np.errors import LlamaNpError
+from llama_np.model.transformer import Layer, Weights
+from quant import Matrix, Weight, arena, stack_rows
+from quant.backends import Backend, numpy_backend
+
+Tensor = Weight | np.ndarray  # a matrix in some format, or a float32 vector (norms, biases)
+
+
+def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
+    """The Hugging Face names of layer i's tensors, by role (arch.tensors)."""
+    p = f"model.layers.{i}."
+    names = {
+        "attn_norm": p + "input_layernorm.weight",
+        "wq": p + "self_attn.q_proj.weight",
+        "wk": p + "self_attn.k_proj.weight",
+        "wv": p + "self_attn.v_proj.weight",
+        "wo": p + "self_attn.o_proj.weight",
+        "mlp_norm": p + "post_attention_layernorm.weight",
+        "w_gate": p + "mlp.gate_proj.weight",
+        "w_up": p + "mlp.up_proj.weight",
+        "w_down": p + "mlp.down_proj.weight",
+    }
+    biases = {f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"} if c.qkv_bias else {}
+    return names | biases
+
+
+def _get(tensors: dict[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
+    if name not in tensors:
+        raise LlamaNpError(f"the checkpoint has no tensor {name!r}")
+    t = tensors[name]
+    if tuple(t.shape) != shape or (len(shape) == 2) != isinstance(t, Weight):
+        raise LlamaNpError(
+            f"tensor {name!r} has shape {tuple(t.shape)}, the config implies {shape}"
+        )
+    return t
+
+
+def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], dict]:
+    """Every tensor the model needs, checked against the config before any compute: per
+    layer by role, and the global ones ("embed", "norm", "head": None when tied)."""
+    if not c.qkv_bias and (extra := next((n for n in tensors if n.endswith("_proj.bias")), None)):
+        raise LlamaNpError(f"tensor {extra!r}: biases are not supported for {c.arch}")
+    shapes: dict[str, tuple[int, ...]] = layer_matrices(c)  # type: ignore[assignment]
+    shapes |= {k: (n,) for k, n in layer_vectors(c).items()}
+    layers = []
+    for i in range(c.n_layers):
+        layers.append({k: _get(tensors, n, shapes[k]) for k, n in layer_tensor_names(i, c).items()})
+    embed = _get(tensors, "model.embed_tokens.weight", (c.vocab_size, c.dim))
+    tied = c.tie_embeddings or "lm_head.weight" not in tensors
+    head = None if tied else _get(tensors, "lm_head.weight", (c.vocab_size, c.dim))
+    norm = _get(tensors, "model.norm.weight", (c.dim,))
+    return layers, {"embed": embed, "norm": norm, "head": head}
+
+
+def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
+              norm: np.ndarray) -> Weights:  # fmt: skip
+    out = []
+    for m in layers:
+        bias = np.concatenate([m["bq"], m["bk"], m["bv"]]) if c.qkv_bias else None
+        out.append(Layer(m["attn_norm"], m["wqkv"], m["wo"], m["mlp_norm"], m["w_gate_up"],
+                         m["w_down"], qkv_bias=bias))  # fmt: skip
+    return Weights(embed=embed, layers=out, norm=norm, lm_head=head)
+
+
+def build_weights(
+    config: Config,
+    tensors: dict[str, Tensor],
+    fmt: str | None = None,
+    head_fmt: str | None = None,
+    progress: bool = False,
+    backend: Backend | None = None,
+) -> Weights:
+    """The model's weights: matrices converted to `fmt` (None keeps each as stored; the LM
+    head may get its own format) in the backend's layout (default: NumPy's)."""
+    c, backend = config, backend or numpy_backend()
+    for f in (fmt, head_fmt):
+        if f is not None:
+            backend.weight_class(f)  # an unknown format fails before any work
+    layers, glob = checked_tensors(c, tensors)
+    tied = glob["head"] is None
+    todo = sum(isinstance(v, Weight) for r in layers for v in r.values()) + 2 - tied
+    bar = tqdm(total=todo, desc=f"weights -> {fmt}", unit="matrix", disable=not (progress and fmt))
+
+    def to(w: Weight, f: str | None) -> Weight:
+        out = backend.convert(w, f)
+        bar.update()
+        return out
+
+    head_fmt = head_fmt or fmt
+    embed = to(glob["embed"], head_fmt if tied else fmt)
+    head = embed if tied else to(glob["head"], head_fmt)
+    for m in layers:
+        m.update({k: to(v, fmt) for k, v in m.items() if isinstance(v, Weight)})
+        m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
+        m["w_gate_up"] = stack_rows([m.pop("w_gate"), m.pop("w_up")])
+    bar.close()
+    matrices = [embed, head] + [m[k] for m in layers for k in ("wqkv", "wo", "w_gate_up", "w_down")]
+    packed, _ = arena.pack(matrices)  # the arrays keep the arena alive
+    moved = dict(zip(map(id, matrices), packed, strict=True))
+    for m in layers:
+        m.update({k: moved[id(v)] for k, v in m.items() if id(v) in moved})
+    return _assemble(c, layers, moved[id(embed)], moved[id(head)], glob["norm"])

@@ -1,0 +1,58 @@
+"""The model as bench.runner measures it (bench never imports llama_np): fresh sequences
+at a KV depth, prefill, decode steps, and what the speed-of-light model needs to know
+about how the model is stored."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arch import ROLES, Config
+from bench.meter import Meter
+from bench.runner import Variant
+from llama_np.model.kvcache import KVCache
+from llama_np.model.transformer import Transformer, Weights
+
+
+def weight_plan(w: Weights) -> tuple[str | list[dict[str, str]], str, str]:
+    """(layers, LM head, embedding) formats of a model: the layers' one format, or, when
+    they mix formats (a GGUF file), per layer the format of each matrix (arch.ROLES)."""
+    plan = []
+    for layer in w.layers:
+        q, k, v = layer.wqkv.leaves() if len(layer.wqkv.leaves()) == 3 else [layer.wqkv] * 3
+        pair = layer.w_gate_up.leaves()
+        gate, up = pair if len(pair) == 2 else [layer.w_gate_up] * 2
+        mats = (q, k, v, layer.wo, gate, up, layer.w_down)
+        plan.append({role: m.fmt for role, m in zip(ROLES, mats, strict=True)})
+    uniform = {f for p in plan for f in p.values()}
+    layers = uniform.pop() if len(uniform) == 1 else plan
+    return layers, w.lm_head.fmt, w.embed.fmt
+
+
+class Decoder:
+    """What bench.runner drives (its `Decoder` protocol)."""
+
+    def __init__(self, model: Transformer, kv: str, window: int | None, capacity: int) -> None:
+        self.model, self.kv, self.window, self.capacity = model, kv, window, capacity
+        self.rng = np.random.default_rng(1)
+        self.cache: KVCache | None = None
+        weights, head, embed = weight_plan(model.weights)
+        self.variant = Variant(weights, head, embed, kv, model.backend.name, model.kernels)
+
+    @property
+    def config(self) -> Config:
+        return self.model.config
+
+    @property
+    def meter(self) -> Meter:
+        return self.model.meter
+
+    def start(self, depth: int) -> None:
+        self.cache = None  # free the previous one first: caches can be large
+        self.cache = self.model.new_cache(depth + self.capacity, self.window, self.kv)
+        self.cache.fill_random(depth, self.rng)
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self.model.forward(tokens % self.model.config.vocab_size, self.cache)
+
+    def step(self, token: int) -> None:
+        self.model.forward(np.array([token % self.model.config.vocab_size]), self.cache)

@@ -1,0 +1,184 @@
+"""The KV cache: per layer, the keys and values of the positions a new token may attend to.
+
+Without a window it holds every position up to its capacity. With a sliding window W it is
+a ring of W slots per layer (position p lives in slot p % W), so memory stays bounded
+however long generation runs. Attention is order-free once RoPE is applied, so a decode
+step attends to the ring's slots as they lie, without reordering them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from arch import Config
+from llama_np.errors import UsageError
+from quant.kv import kv_store_class
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
+
+
+class ContextFull(UsageError):
+    """A full-attention cache has no room for the next position."""
+
+
+class DecodeSlot(NamedTuple):
+    """Where one decode step of one layer appends its key and value, and what it attends
+    to: slots 0..n-1 of the stores (a compiled kernel writes and reads them in place)."""
+
+    keys: tuple[np.ndarray, ...]  # the key store's arrays
+    values: tuple[np.ndarray, ...]  # the value store's arrays
+    slot: int
+    n: int
+    read_nbytes: int
+    write_nbytes: int
+
+
+class KVView(NamedTuple):
+    k: np.ndarray  # (n_kv, L, hd) keys the new tokens attend to, float32
+    v: np.ndarray  # (n_kv, L, hd)
+    positions: np.ndarray | None  # (L,) position of each key; None when all are visible
+    read_nbytes: int  # bytes of stored cache the attention reads (the meter's KV term)
+    write_nbytes: int  # bytes the update appended
+
+
+class KVCache:
+    def __init__(
+        self,
+        config: Config,
+        capacity: int,
+        window: int | None = None,
+        fmt: str = "f32",
+        tiled_keys: bool = False,
+    ) -> None:
+        """`tiled_keys`: keys in tiles of 16 slots, the compiled backend's layout."""
+        if capacity < 1:
+            raise UsageError(f"the context size must be positive, got {capacity}")
+        self.window = window
+        self.capacity = capacity  # positions a full-attention cache can hold
+        slots = window if window is not None else capacity
+        store = kv_store_class(fmt)
+        shape = (config.n_kv_heads, slots, config.head_dim)
+        need = 2 * config.n_layers * slots * store.slot_nbytes(config.n_kv_heads, config.head_dim)
+        if need > physical_memory():
+            raise UsageError(
+                f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
+                "machine's memory; lower -c/--ctx-size or set --window"
+            )
+        self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
+        self.v = [store(*shape) for _ in range(config.n_layers)]
+        # per layer, the stores' arrays as a compiled kernel takes them
+        self._arrays = [
+            (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
+        ]
+        self.fmt = fmt
+        self.slots = slots
+        self.head_shape = (config.n_kv_heads, config.head_dim)
+        self.pos = 0  # positions stored so far; the next token has position `pos`
+
+    def room(self) -> int | None:
+        """How many more positions fit; None when a window makes the cache endless."""
+        return None if self.window is not None else self.capacity - self.pos
+
+    def n_keys(self, pos: int) -> int:
+        """How many keys the token at `pos` attends to, itself included."""
+        return pos + 1 if self.window is None else min(pos + 1, self.window)
+
+    def decode_slot(self, layer: int) -> DecodeSlot:
+        """The slot the token at position `pos` goes to in `layer`, and how many slots it
+        attends to (itself included); `advance(1)` moves `pos` once every layer is done."""
+        p = self.pos
+        if self.window is None and p >= self.capacity:
+            raise ContextFull(
+                f"context full: {p + 1} positions exceed the context size {self.capacity}"
+            )
+        n = self.n_keys(p)
+        K, V = self.k[layer], self.v[layer]
+        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
+        keys, values = self._arrays[layer]
+        return DecodeSlot(keys, values, p % self.slots, n, read, K.slot_bytes + V.slot_bytes)
+
+    def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
+        """Append k, v (T, n_kv, hd) of positions pos:pos+T to `layer`; return what those T
+        queries attend to. `advance(T)` moves `pos` once every layer is updated."""
+        p0, t = self.pos, k.shape[0]
+        if self.window is None:
+            if p0 + t > self.capacity:
+                raise ContextFull(
+                    f"context full: {p0 + t} positions exceed the context size {self.capacity}"
+                )
+            written = self.k[layer].write(p0, k) + self.v[layer].write(p0, v)
+            n = p0 + t
+            return self._view(layer, n, None if t == 1 else np.arange(n), written)
+        if t == 1:  # the ring now holds exactly the keys this token may see
+            written = self._write_ring(layer, p0, k, v)
+            return self._view(layer, min(p0 + 1, self.window), None, written)
+        # A batch under a window: the keys still held (at most W) followed by the new ones,
+        # with positions for the mask; then the newest W positions go into the ring.
+        w, held = self.window, min(p0, self.window)
+        old = self._view(layer, held, None, 0)
+        slots = np.arange(held)
+        held_pos = slots + w * ((p0 - 1 - slots) // w)  # newest position in each slot
+        # copies, in (n_kv, L, hd) order: the ring is overwritten next
+        k_all = np.concatenate([old.k, k.transpose(1, 0, 2)], axis=1)
+        v_all = np.concatenate([old.v, v.transpose(1, 0, 2)], axis=1)
+        m = min(t, w)
+        written = self._write_ring(layer, p0 + t - m, k[t - m :], v[t - m :])
+        positions = np.concatenate([held_pos, np.arange(p0, p0 + t)])
+        return KVView(k_all, v_all, positions, old.read_nbytes, written)
+
+    def _view(self, layer: int, n: int, positions: np.ndarray | None, written: int) -> KVView:
+        K, V = self.k[layer], self.v[layer]
+        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
+        return KVView(K.load(0, n), V.load(0, n), positions, read, written)
+
+    def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Store positions start:start+m (m <= W) in their slots, wrapping at most once."""
+        s, m = start % self.slots, k.shape[0]
+        first = min(m, self.slots - s)
+        K, V = self.k[layer], self.v[layer]
+        written = K.write(s, k[:first]) + V.write(s, v[:first])
+        if first < m:
+            written += K.write(0, k[first:]) + V.write(0, v[first:])
+        return written
+
+    def fill_random(self, n: int, rng: np.random.Generator) -> None:
+        """Start at depth n: random keys and values for positions 0..n-1 (the newest W of
+        them under a window), written through the cache's format. For benchmarks, which
+        need the KV reads of a deep context, not its meaning."""
+        if self.window is None and n > self.capacity:
+            raise ContextFull(f"depth {n} exceeds the context size {self.capacity}")
+        keep = n if self.window is None else min(n, self.window)
+        chunk = min(1024, self.slots)  # bounded temporary memory; a ring wraps once at most
+        for layer in range(len(self.k)):
+            for p in range(n - keep, n, chunk):
+                k, v = rng.standard_normal(
+                    (2, min(chunk, n - p), *self.head_shape), dtype=np.float32
+                )
+                self._write_ring(layer, p, k, v)
+        self.pos = n
+
+    def truncate(self, n: int) -> bool:
+        """Forget every position from n on; False (nothing changed) when a ring has already
+        overwritten keys that position n - 1 would need."""
+        if n > self.pos:
+            raise ValueError(f"cannot truncate to {n}: the cache holds {self.pos} positions")
+        # a ring has overwritten positions below pos - W; those n - 1 attends to must remain
+        if self.window is not None and max(0, n - self.window + 1) < self.pos - self.window:
+            return False
+        self.pos = n
+        return True
+
+    def advance(self, t: int) -> None:
+        self.pos += t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for s in self.k + self.v for a in s.arrays())

@@ -1,0 +1,98 @@
+"""Where the forward pass meets the kernels. Every computation of a forward step goes
+through a Seam, which records in the meter the bytes each call reads (the `nbytes` of the
+arrays it touches: docs/architecture.md, "Byte accounting") before handing it to the
+backend's operations. A Profiled seam times each call into its category, from the
+outside: the forward pass itself neither counts nor times."""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from arch import Config
+from bench.meter import Meter
+from llama_np.model.kvcache import KVCache
+from llama_np.model.ops import NumpyOps, Rotary
+from quant import Matrix, Weight
+
+
+class Seam:
+    def __init__(self, config: Config, ops: NumpyOps, meter: Meter) -> None:
+        self.config, self.ops, self.meter = config, ops, meter
+        self.eps = np.float32(config.norm_eps)  # float32, like every activation
+
+    def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of `tokens`: (T,) -> (T, dim)"""
+        self.meter.read("embedding", len(tokens) * table.row_nbytes)
+        return table.rows(tokens)
+
+    def norm_linear(
+        self, x: np.ndarray, norm: np.ndarray, w: Matrix, category: str, bias=None
+    ) -> np.ndarray:
+        """rmsnorm(x) @ W.T (+ bias): (T, dim) -> (T, rows)"""
+        self.meter.read("norms", norm.nbytes)
+        self.meter.read(category, w.nbytes)
+        y = self.ops.norm_linear(x, norm, self.eps, w)
+        if bias is not None:
+            self.meter.read(category, bias.nbytes)
+            y += bias
+        return y
+
+    def attention(self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary) -> np.ndarray:
+        """RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) -> (T, q_dim)"""
+        out, read, written = self.ops.attention(self.config, qkv, cache, layer, rot)
+        self.meter.read("kv_cache", read)
+        self.meter.write("kv_cache", written)
+        return out
+
+    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
+        """x + inp @ W.T (the residual stream after a product)"""
+        self.meter.read(category, w.nbytes)
+        return self.ops.linear_add(x, w, inp)
+
+    def swiglu_linear_add(
+        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str
+    ) -> np.ndarray:
+        """x + swiglu(gate, up) @ W.T for gate_up = [gate | up]"""
+        self.meter.read(category, w.nbytes)
+        return self.ops.swiglu_linear_add(x, w, gate_up)
+
+
+class Profiled(Seam):
+    """The same calls, each timed into the meter's category of the bytes it reads (a
+    product's fused norm and activation count as the product's time)."""
+
+    def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().embed(table, tokens)
+        self.meter.lap("embedding", t0)
+        return out
+
+    def norm_linear(
+        self, x: np.ndarray, norm: np.ndarray, w: Matrix, category: str, bias=None
+    ) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().norm_linear(x, norm, w, category, bias)
+        self.meter.lap(category, t0)
+        return out
+
+    def attention(self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().attention(qkv, cache, layer, rot)
+        self.meter.lap("kv_cache", t0)
+        return out
+
+    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().linear_add(x, w, inp, category)
+        self.meter.lap(category, t0)
+        return out
+
+    def swiglu_linear_add(
+        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str
+    ) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().swiglu_linear_add(x, w, gate_up, category)
+        self.meter.lap(category, t0)
+        return out

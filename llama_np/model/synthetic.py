@@ -1,0 +1,50 @@
+"""Synthetic models: random weights of any shape (a preset or a config.json), built in
+memory directly in the asked format, for measuring models nobody has to download."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arch import Config, layer_matrices, layer_vectors, load_config
+from llama_np.errors import UsageError
+from llama_np.model.build import Tensor, build_weights, layer_tensor_names
+from llama_np.model.transformer import Transformer
+from quant.backends import Backend, numpy_backend
+
+SYNTHETIC = "synthetic:"
+
+
+def synthetic_model(
+    spec: str, fmt: str | None, head: str | None, backend: Backend | None = None, seed: int = 0
+) -> Transformer:
+    """`synthetic:CONFIG_OR_PRESET`: random weights of that shape, built in memory."""
+    return random_model(load_config(spec[len(SYNTHETIC) :]), fmt, head, backend, seed)
+
+
+def random_model(
+    config: Config, fmt: str | None, head: str | None, backend: Backend | None = None,
+    seed: int = 0,
+) -> Transformer:  # fmt: skip
+    """A model of this shape whose matrices hold random values in `fmt` (default f32),
+    laid out for `backend` (default: NumPy's); norms are ones, biases small."""
+    c = config
+    if c.n_experts > 1:
+        raise UsageError(f"{c.name}: synthetic models have no experts")
+    backend = backend or numpy_backend()
+    cls, rng = backend.weight_class(fmt or "f32"), np.random.default_rng(seed)
+    matrices, vectors = layer_matrices(c), layer_vectors(c)
+    tensors: dict[str, Tensor] = {}
+    for i in range(c.n_layers):
+        for role, name in layer_tensor_names(i, c).items():
+            if role in matrices:
+                tensors[name] = cls.random(matrices[role], rng)
+            elif role.startswith("b"):
+                tensors[name] = rng.standard_normal(vectors[role], np.float32) * np.float32(0.1)
+            else:
+                tensors[name] = np.ones(vectors[role], np.float32)
+    table = backend.weight_class(head or fmt or "f32")
+    tensors["model.embed_tokens.weight"] = table.random((c.vocab_size, c.dim), rng)
+    if not c.tie_embeddings:
+        tensors["lm_head.weight"] = table.random((c.vocab_size, c.dim), rng)
+    tensors["model.norm.weight"] = np.ones(c.dim, np.float32)
+    return Transformer(c, build_weights(c, tensors, backend=backend), backend)

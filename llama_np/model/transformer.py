@@ -1,0 +1,158 @@
+"""The forward pass: embedding, N decoder blocks, final norm, LM head.
+
+One `forward(tokens, cache)` serves both phases: a prompt of T tokens runs as one batched
+pass (matrix-matrix products), a single token runs matrix-vector products. Every call goes
+through the seam (llama_np.model.seam), which records the bytes it reads in the meter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from arch import Config
+from bench.meter import Meter
+from llama_np.model.kvcache import KVCache
+from llama_np.model.ops import NumpyOps, rope_inv_freq
+from llama_np.model.seam import Profiled, Seam
+from quant import Matrix
+from quant.backends import Backend, numpy_backend
+from quant.parallel import Solo, Team
+
+# the meter's categories of the weights a product reads
+ATTN, MLP, HEAD = "attn_weights", "mlp_weights", "lm_head"
+
+
+def ops_for(backend: Backend, workers: Team | Solo) -> NumpyOps:
+    """The block's operations for a kernel backend: NumPy's, or compiled ones."""
+    if backend.name == "numba":
+        from llama_np.model.ops_compiled import CompiledOps
+
+        return CompiledOps(workers)
+    return NumpyOps(workers)
+
+
+@dataclass
+class Layer:
+    """One decoder block. Matrices that read the same input are stacked by rows, so each
+    is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up."""
+
+    attn_norm: np.ndarray  # (dim,)
+    wqkv: Matrix  # (n_heads * head_dim + 2 * n_kv_heads * head_dim, dim)
+    wo: Matrix  # (dim, n_heads * head_dim)
+    mlp_norm: np.ndarray  # (dim,)
+    w_gate_up: Matrix  # (2 * hidden_dim, dim)
+    w_down: Matrix  # (dim, hidden_dim)
+    qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
+
+
+@dataclass
+class Weights:
+    embed: Matrix  # (vocab_size, dim)
+    layers: list[Layer]  # (n_layers,)
+    norm: np.ndarray  # (dim,)
+    lm_head: Matrix  # (vocab_size, dim); the very same object as `embed` when tied
+
+    def matrices(self) -> list[Matrix]:
+        """Every distinct matrix once (a tied embedding is one matrix)."""
+        seen: dict[int, Matrix] = {}
+        for w in [self.embed, self.lm_head] + [
+            m for l in self.layers for m in (l.wqkv, l.wo, l.w_gate_up, l.w_down)
+        ]:
+            seen.setdefault(id(w), w)
+        return list(seen.values())
+
+    @property
+    def nbytes(self) -> int:
+        vectors = [self.norm] + [
+            v for l in self.layers for v in (l.attn_norm, l.mlp_norm, l.qkv_bias)
+        ]
+        return sum(v.nbytes for v in vectors if v is not None) + sum(
+            w.nbytes for w in self.matrices()
+        )
+
+
+class Transformer:
+    """The model: weights, the kernels that multiply them, the forward pass. Its kernels
+    run in this process until `start(threads)`; `close()` (or leaving a `with` block)
+    stops whatever `start` began (a team of processes, for the NumPy backend)."""
+
+    def __init__(
+        self,
+        config: Config,
+        weights: Weights,
+        backend: Backend | None = None,
+        meter: Meter | None = None,
+    ) -> None:
+        """`backend`: the kernels, which laid out `weights` (default: NumPy's)."""
+        self.config = config
+        self.weights = weights
+        self.backend = backend or numpy_backend()
+        self.meter = meter or Meter()
+        self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
+        self._use(Solo())
+
+    def _use(self, workers: Team | Solo) -> None:
+        self.workers = workers
+        self.ops = ops_for(self.backend, workers)
+        self._seam = Seam(self.config, self.ops, self.meter)
+        self._profiled = Profiled(self.config, self.ops, self.meter)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def kernels(self) -> str:
+        """How the kernels run, for reports: "numba omp, 2 threads", "numpy, 2 processes"."""
+        return self.workers.label
+
+    def start(self, threads: int) -> Transformer:
+        """Run the kernels on `threads` cores (quant.backends.Backend.start)."""
+        self.close()
+        self._use(self.backend.start(self.weights.matrices(), threads))
+        return self
+
+    def close(self) -> None:
+        self.workers.close()
+        self._use(Solo())
+
+    def __enter__(self) -> Transformer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def new_cache(
+        self, capacity: int | None = None, window: int | None = None, kv: str = "f32"
+    ) -> KVCache:
+        """A cache for one sequence. `window` overrides the config's sliding window."""
+        window = window if window is not None else self.config.sliding_window
+        return KVCache(
+            self.config, capacity or self.config.max_seq_len, window, kv, self.backend.tiled_keys
+        )
+
+    @property
+    def seam(self) -> Seam:
+        """Where the forward pass calls the kernels (timed when the meter profiles)."""
+        return self._profiled if self.meter.profile else self._seam
+
+    def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Logits after `tokens`, which continue the sequence held in `cache`.
+        tokens (T,) -> (T, vocab) if all_logits else (vocab,) for the last token"""
+        w, k = self.weights, self.seam
+        t, p0 = len(tokens), cache.pos
+        self.meter.begin("decode" if t == 1 else "prefill", p0, t)
+        x = k.embed(w.embed, tokens)  # (T, dim)
+        rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
+        for i, layer in enumerate(w.layers):
+            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)  # (T, q+2kv)
+            att = k.attention(qkv, cache, i, rot)  # (T, q_dim)
+            x = k.linear_add(x, layer.wo, att, ATTN)
+            gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
+            x = k.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
+        cache.advance(t)
+        logits = k.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
+        self.meter.end()
+        return logits if all_logits else logits[-1]  # (T or 1, vocab)

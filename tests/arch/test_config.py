@@ -1,0 +1,109 @@
+"""Config from Hugging Face config.json: both rope spellings, defaults, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from arch import PRESETS, ConfigError, config_from_hf, load_config, read_config_json
+
+BASE = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 100,
+}  # fmt: skip
+
+
+def test_defaults_follow_transformers():
+    c = config_from_hf(BASE)
+    assert (c.n_kv_heads, c.head_dim, c.rope_theta, c.norm_eps) == (4, 16, 10000.0, 1e-6)
+    assert c.sliding_window is None and not c.tie_embeddings
+    assert c.bos_id == 1 and c.eos_ids == (2,)
+    assert config_from_hf({**BASE, "model_type": "mistral"}).sliding_window == 4096
+    assert (
+        config_from_hf({**BASE, "model_type": "mistral", "sliding_window": None}).sliding_window
+        is None
+    )
+
+
+def test_rope_theta_in_either_spelling():
+    a = config_from_hf({**BASE, "rope_theta": 500000.0})
+    b = config_from_hf(
+        {**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    )
+    assert a == b and a.rope_theta == 500000.0
+
+
+def test_llama3_scaling_in_either_spelling():
+    scaling = {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    a = config_from_hf({**BASE, "rope_scaling": {"rope_type": "llama3", **scaling}})
+    b = config_from_hf(
+        {**BASE, "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, **scaling}}
+    )
+    assert a == b and a.rope_scaling.kind == "llama3" and a.rope_scaling.factor == 8.0
+
+
+def test_head_dim_from_config_or_derived():
+    assert config_from_hf({**BASE, "head_dim": 32}).head_dim == 32
+    assert config_from_hf({**BASE, "head_dim": None}).head_dim == 16
+
+
+def test_eos_list_and_tied_embeddings():
+    c = config_from_hf({**BASE, "eos_token_id": [2, 7], "tie_word_embeddings": True})
+    assert c.eos_ids == (2, 7) and c.tie_embeddings
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "gpt2"}, "unsupported model_type 'gpt2'"),
+        ({"model_type": None}, "missing field 'model_type'"),
+        ({"hidden_size": None}, "missing field 'hidden_size'"),
+        ({"num_hidden_layers": "2"}, "'num_hidden_layers' must be an integer"),
+        ({"vocab_size": 10**12}, "'vocab_size' = 1000000000000 is out of range"),
+        ({"num_key_value_heads": 3}, "not a multiple"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "unsupported rope type 'yarn'"),
+        ({"hidden_act": "gelu"}, "unsupported hidden_act"),
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps"),
+    ],
+)
+def test_bad_configs_name_the_problem(change, message):
+    d = {**BASE, **change}
+    d = {k: v for k, v in d.items() if v is not None or k not in ("model_type", "hidden_size")}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config_from_hf(d)
+
+
+def test_unreadable_config_file(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable JSON"):
+        read_config_json(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(ConfigError, match="JSON object"):
+        read_config_json(tmp_path / "config.json")
+
+
+def test_any_llama_family_shape_reads_for_the_speed_of_light_model(tmp_path):
+    cfg = {
+        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "vocab_size": 151936, "tie_word_embeddings": True,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = load_config(str(tmp_path))
+    assert s.qkv_bias and s.tie_embeddings and s.head_dim == 64 and s.name == tmp_path.name
+    cfg = {**cfg, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = load_config(str(tmp_path))
+    assert (s.arch, s.n_experts, s.experts_per_token, s.qkv_bias) == ("mixtral", 8, 2, False)
+    with pytest.raises(ConfigError, match="unsupported model_type 'mixtral'"):
+        read_config_json(tmp_path / "config.json")  # the engine's reading refuses it
+    assert load_config("SmolLM2-135M") is PRESETS["smollm2-135m"]
+    with pytest.raises(ConfigError, match="neither a preset"):
+        load_config("no-such-model")

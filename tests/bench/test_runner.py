@@ -1,0 +1,117 @@
+"""The probe, the bench runner and its reports, driving a stand-in for a model."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import bench.probe as probe_mod
+from arch import Config
+from bench import report
+from bench.meter import Meter
+from bench.probe import Caches, Probe
+from bench.runner import Settings, Variant, run
+from bench.sol import estimate
+
+MIB = 1 << 20
+TINY = Config("llama", 64, 2, 4, 2, 32, 128, 100, name="tiny")
+
+
+def fake_probe() -> Probe:
+    sizes = [256 << 10, 4 * MIB, 256 * MIB]
+    return Probe(
+        "test", 2, Caches(512 << 10, 32 * MIB, 2), sizes, [60.0, 100.0, 25.0], [20.0] * 3, 100.0
+    )
+
+
+def test_probe_tiers():
+    p = fake_probe()
+    assert (
+        p.tier_of(100 << 10) == "L2"
+        and p.tier_of(8 * MIB) == "L3"
+        and p.tier_of(200 * MIB) == "DRAM"
+    )
+    assert p.tiers() == {"L2": 60e9, "L3": 100e9, "DRAM": 25e9}
+    assert "| DRAM | 25.0 |" in probe_mod.probe_report(p)
+    p.compiled_gbs = [50.0, 90.0, 30.0]  # a tier's attainable is its fastest reader
+    assert p.tiers() == {"L2": 60e9, "L3": 100e9, "DRAM": 30e9}
+
+
+@pytest.mark.slow  # sweeps working sets up to 32 MiB: ~10 s
+def test_probe_measures_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_NP_CACHE", str(tmp_path))
+    monkeypatch.setattr(Caches, "read", classmethod(lambda cls: Caches(512 << 10, 4 * MIB, 2)))
+    p = probe_mod.run_probe(2, progress=False)  # sizes up to 32 MiB here: a few seconds
+    assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
+    assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
+    assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
+    probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
+
+
+class Stand:
+    """A decoder that reads, per step, exactly the speed-of-light model's bytes, so the
+    runner's arithmetic can be checked without the engine."""
+
+    def __init__(self) -> None:
+        self.config, self.meter = TINY, Meter()
+        self.variant = Variant("q8_0", "q8_0", "q8_0", "f32")
+        self.pos = 0
+
+    def start(self, depth: int) -> None:
+        self.pos = depth
+
+    def _forward(self, n: int) -> None:
+        kind = "decode" if n == 1 else "prefill"
+        self.meter.begin(kind, self.pos, n)
+        e = estimate(TINY, "q8_0", pos=self.pos + n - 1)
+        for cat, nbytes in e.reads.items():
+            t0 = time.perf_counter()
+            self.meter.read(cat, nbytes)
+            if self.meter.profile:
+                self.meter.lap(cat, t0)
+        self.meter.write("kv_cache", e.kv_write_bytes * n)
+        self.meter.end()
+        self.pos += n
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self._forward(len(tokens))
+
+    def step(self, token: int) -> None:
+        time.sleep(1e-4)
+        self._forward(1)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    s = Settings(prompt=8, n=6, depths=(0, 40), reps=2, warmup=1, profile=True)
+    return run(Stand(), s, fake_probe(), None, progress=False)
+
+
+def test_runner_rows_are_consistent(rows):
+    assert [r.depth for r in rows] == [0, 40]
+    for r in rows:
+        assert r.decode_ms_min <= r.decode_ms <= r.decode_ms_max and r.prefill_tok_s > 0
+        assert r.gbs == pytest.approx(r.bytes_per_token / r.decode_ms / 1e6)
+        assert r.tier == "L2" and r.pct_attainable == pytest.approx(100 * r.gbs / 60)
+        assert r.measured_over_sol == pytest.approx(r.decode_ms / r.sol_ms)
+        assert abs(r.bytes_per_token - r.sol_bytes_per_token) <= 2 * 2 * 2 * 64 * 4  # KV drift
+        assert (r.model, r.weights, r.kernels) == ("tiny", "q8_0", "numpy")
+        prof = r.profile
+        assert sum(v["ms"] for k, v in prof.items() if k != "total") == pytest.approx(
+            prof["total"]["ms"]
+        )
+    assert rows[1].bytes_per_token > rows[0].bytes_per_token  # the deeper cache is read
+
+
+def test_reports(rows, tmp_path):
+    assert "decode ms/tok" in report.text_table(rows)
+    assert report.markdown(rows).count("\n") == len(rows) + 1
+    assert report.csv_text(rows).splitlines()[0].startswith("model,kernels,weights")
+    assert len(json.loads(report.json_text(rows))["rows"]) == 2
+    assert "outside kernels" in report.profile_table(rows[0])
+    report.plot(rows, tmp_path / "p.png", "test")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,56 @@
+"""The meter's count of a real decode step equals the speed-of-light model's bytes,
+exactly, per category: two independent paths (arrays touched vs shapes and formats)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from arch import Config
+from bench.sol import estimate
+from llama_np.model.synthetic import random_model
+from quant.backends import get_backend
+
+SHAPES = {
+    "gqa_untied": Config("llama", 64, 2, 4, 2, 32, 96, 100),
+    "mha_tied": Config("llama", 64, 2, 2, 2, 32, 128, 77, tie_embeddings=True),
+    "window": Config("mistral", 96, 3, 3, 1, 32, 64, 50, sliding_window=8),
+    "qwen_like": Config("qwen2", 256, 2, 4, 2, 64, 512, 90, qkv_bias=True),  # K-quants fit
+}
+WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+KV = ["f32", "f16", "q8_0"]
+CASES = list(itertools.product(SHAPES, WEIGHTS, KV))
+CASES += [("qwen_like", fmt, kv) for fmt in K_QUANTS for kv in KV]
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+@pytest.mark.parametrize(("name", "fmt", "kv"), CASES)
+def test_meter_equals_speed_of_light_bytes(name, fmt, kv, kernels):
+    """Both backends, whose layouts differ (float32 or float16 scales, rows padded to
+    groups of 4, keys read in tiles of 16): each meter equals its own model."""
+    shape = SHAPES[name]
+    head = "q8_0" if fmt == "q4_1" else None  # the LM head in its own format, as in GGUFs
+    model = random_model(shape, fmt, head, get_backend(kernels))
+    cache = model.new_cache(64, kv=kv)
+    model.forward(np.array([1, 2, 3]), cache)  # prefill positions 0-2
+    for pos in range(3, 14):  # before and after the window of 8
+        model.forward(np.array([pos % shape.vocab_size]), cache)
+        step = model.meter.last
+        assert step.kind == "decode" and step.pos == pos
+        embed = model.weights.embed.fmt
+        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=embed, kernels=kernels)
+        assert step.reads == est.reads, f"position {pos}"
+        assert step.writes["kv_cache"] == est.kv_write_bytes
+
+
+def test_a_forced_window_counts_the_window():
+    shape = SHAPES["gqa_untied"]
+    model = random_model(shape, "q8_0", None)
+    cache = model.new_cache(64, window=5)
+    model.forward(np.array([1, 2, 3, 4, 5, 6, 7]), cache)
+    model.forward(np.array([8]), cache)
+    assert model.meter.last.reads == estimate(shape, "q8_0", pos=7, window=5).reads
+    assert estimate(shape, "q8_0", pos=7, window=5).n_keys == 5
