@@ -75,9 +75,9 @@ def verdict(r: Row) -> str:
     codes = {f for f in r.weights.replace("+", "/").split("/")[0:-1] or [r.weights]}
     if r.kernels.startswith("numba") and codes - {"f32", "f16", "bf16", "q8_0"}:
         return "compute-bound: unpacking 4-6 bit codes takes more vector work than streaming them"
-    if r.depth and r.depth >= 1024 and r.window is None:
+    if min(r.depth or 0, r.window or r.depth or 0) >= 1024:
         return "attention below the bandwidth the weights get"
-    return "per-call overhead and small matrices"
+    return "memory-bound, below the probe's bandwidth (many matrices, a hand-over each)"
 
 
 def main() -> None:
