@@ -27,19 +27,15 @@ def _movable(a: np.ndarray) -> bool:
     return a.flags.writeable and a.flags.c_contiguous
 
 
-def _arrays(obj: Any, seen: set[int]) -> list[np.ndarray]:
-    """Every distinct movable array an object's attributes hold (inside tuples, lists and
-    the parts of a stack too)."""
-    if isinstance(obj, np.ndarray):
-        if id(obj) in seen or not _movable(obj):
-            return []
-        seen.add(id(obj))
-        return [obj]
-    if isinstance(obj, tuple | list):
-        return [a for v in obj for a in _arrays(v, seen)]
-    if isinstance(obj, Matrix):
-        return [a for v in vars(obj).values() for a in _arrays(v, seen)]
-    return []
+def _arrays(matrix: Matrix, seen: set[int]) -> list[np.ndarray]:
+    """The distinct movable arrays a matrix is read from (`arrays()`: what `nbytes`
+    counts); what it keeps only for export stays where it is."""
+    out = []
+    for a in matrix.arrays().values():
+        if id(a) not in seen and _movable(a):
+            seen.add(id(a))
+            out.append(a)
+    return out
 
 
 def _copy(obj: Any, place: dict[int, np.ndarray], done: dict[int, Any]) -> Any:
@@ -62,18 +58,33 @@ def _copy(obj: Any, place: dict[int, np.ndarray], done: dict[int, Any]) -> Any:
 
 def pack(matrices: list[M]) -> tuple[list[M], np.ndarray | None]:
     """Copies of `matrices` whose arrays share one buffer, and the buffer (None when there
-    was nothing to move)."""
+    was nothing to move). The list is emptied as its matrices are copied: a caller holding
+    no other reference frees each original once its copy is made, so building a model
+    needs the arena and one matrix, not twice the model."""
     seen: set[int] = set()
-    arrays = [a for m in matrices for a in _arrays(m, seen)]
-    total = sum(-(-a.nbytes // ALIGN) * ALIGN for a in arrays)
+    offsets, total = {}, 0
+    for m in matrices:
+        for a in _arrays(m, seen):
+            offsets[id(a)] = total
+            total += -(-a.nbytes // ALIGN) * ALIGN
     if total == 0:
-        return list(matrices), None
-    buf = np.empty(total, np.uint8)
-    place, offset = {}, 0
-    for a in arrays:
-        view = buf[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
-        view[...] = a
-        place[id(a)] = view
-        offset += -(-a.nbytes // ALIGN) * ALIGN
+        out = list(matrices)
+        matrices.clear()
+        return out, None
+    whole = np.empty(total + ALIGN, np.uint8)
+    start = -whole.ctypes.data % ALIGN
+    buf = whole[start : start + total]
+    place: dict[int, np.ndarray] = {}
     done: dict[int, Any] = {}
-    return [_copy(m, place, done) for m in matrices], buf
+    out = []
+    matrices.reverse()
+    while matrices:
+        m = matrices.pop()
+        for a in m.arrays().values():
+            if id(a) in offsets and id(a) not in place:
+                at = offsets[id(a)]
+                place[id(a)] = view = buf[at : at + a.nbytes].view(a.dtype).reshape(a.shape)
+                view[...] = a
+        out.append(_copy(m, place, done))
+        del m
+    return out, buf

@@ -59,7 +59,8 @@ class Backend:
 
     def start(self, matrices: list[Matrix], threads: int) -> parallel.Team | parallel.Solo:
         """Run the kernels of these matrices on `threads` cores; the result's `label` says
-        how ("numba omp, 2 threads"), and its `close()` stops what was started.
+        how ("numba omp, 2 threads"), and its `close()` stops what was started and gives
+        BLAS back the threads it had.
 
         numba: each decode kernel splits its rows over `threads` numba threads; BLAS gets
         `threads` for prefill's products. numpy: float32 matrices go to BLAS, which threads
@@ -70,16 +71,18 @@ class Backend:
         if self.name == "numba":
             from . import compiled
 
-            threadpool_limits(threads, user_api="blas")
+            blas = threadpool_limits(threads, user_api="blas")
             n = compiled.set_threads(threads)
-            return parallel.Solo(f"numba {compiled.threading_layer()}, {n} threads")
+            label = f"numba {compiled.threading_layer()}, {n} threads"
+            return parallel.Solo(label, blas.restore_original_limits)
         if any(w.fmt != "f32" for m in matrices for w in m.leaves()):
-            workers = parallel.start(matrices, threads)
+            blas = threadpool_limits(1, user_api="blas")  # the workers' BLAS too
+            workers = parallel.start(matrices, threads, blas.restore_original_limits)
             if workers.ranks > 1:
-                threadpool_limits(1, user_api="blas")
                 return workers
-        threadpool_limits(threads, user_api="blas")
-        return parallel.Solo(f"numpy, BLAS {threads} threads")
+            blas.restore_original_limits()
+        blas = threadpool_limits(threads, user_api="blas")
+        return parallel.Solo(f"numpy, BLAS {threads} threads", blas.restore_original_limits)
 
 
 @functools.cache

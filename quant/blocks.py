@@ -55,8 +55,8 @@ def np_roundf(n: np.ndarray) -> np.ndarray:
 
 
 class BlockWeight(Weight):
-    """What q8_0, q4_0 and q4_1 share (and the formats decoded from GGUF, quant.decoded):
-    tiles, scales, the kernels."""
+    """What q8_0, q4_0 and q4_1 share (and the GGUF formats decoded to int8 codes,
+    quant.ggml.GGMLWeight): tiles, scales, the kernels."""
 
     block: ClassVar[int] = BLOCK  # weights per block (a scale, and a min, each)
     offset: ClassVar[float] = 0.0  # q4_0 stores q + 8

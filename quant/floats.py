@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Self
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -116,11 +116,12 @@ class _Float16Bits(Weight):
     def from_raw(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
         return cls(np.asarray(raw).view(np.uint16).reshape(shape))
 
+    RANDOM_BITS: ClassVar[tuple[int, int]]  # patterns of 2^-7 up to 2^-5: two exponents
+
     @classmethod
     def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
-        """Finite patterns of magnitude ~1e-2 with random signs."""
-        high = 0x2000 if cls.fmt == "f16" else 0x3C00
-        bits = rng.integers(high, high + 0x0800, shape, dtype=np.uint16)
+        """Finite values of magnitude ~1e-2 (0.0078 to 0.031) with random signs."""
+        bits = rng.integers(*cls.RANDOM_BITS, shape, dtype=np.uint16)
         bits |= rng.integers(0, 2, shape, dtype=np.uint16) << 15
         return cls(bits)
 
@@ -154,6 +155,7 @@ class _Float16Bits(Weight):
 
 class F16Weight(_Float16Bits):
     fmt = "f16"
+    RANDOM_BITS = (0x2000, 0x2800)  # 10 mantissa bits: 0x400 per exponent
 
     def __init__(self, bits: np.ndarray) -> None:
         super().__init__(bits)
@@ -176,6 +178,7 @@ class F16Weight(_Float16Bits):
 
 class BF16Weight(_Float16Bits):
     fmt = "bf16"
+    RANDOM_BITS = (0x3C00, 0x3D00)  # 7 mantissa bits: 0x80 per exponent
 
     @classmethod
     def from_float(cls, w: np.ndarray) -> Self:

@@ -64,11 +64,13 @@ LAYOUTS = {
 
 def random_blocks(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Valid blocks of `fmt` for a (rows, cols) matrix: random codes and sub-scales, and
-    float16 super-scales of magnitude ~1e-3 (random bytes there could be NaN)."""
+    float16 scales (random bytes there could be NaN) that put the values at ~1e-2; the
+    K-quants' super-scales are 32x smaller, as their 6-bit sub-scales multiply them."""
     lay = LAYOUTS[fmt]
     raw = rng.integers(0, 256, (rows, cols // lay.weights, lay.nbytes), dtype=np.uint8)
+    size = 1e-3 if lay.weights == 32 else 1e-3 / 32
     for o in lay.halves:
-        d = (rng.random((rows, cols // lay.weights)) * 2e-3 + 1e-4).astype(np.float16)
+        d = ((rng.random((rows, cols // lay.weights)) * 2 + 0.1) * size).astype(np.float16)
         raw[:, :, o : o + 2] = d.view(np.uint8).reshape(rows, -1, 2)
     return raw.reshape(rows, -1)
 

@@ -45,7 +45,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 class KVStore:
     """Keys or values of one layer in float32. Subclasses store another format by saying
     how a vector is encoded into their arrays and decoded back; attention reads them
-    through `read` (NumPy) or directly (compiled kernels), and the meter counts
+    through `load` (NumPy) or directly (compiled kernels), and the meter counts
     `stored_nbytes` of what was read."""
 
     fmt: ClassVar[str] = "f32"

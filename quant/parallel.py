@@ -33,6 +33,8 @@ from .base import Workspace
 from .errors import QuantError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .base import Matrix
 
 # control words: [seq, kind, n_weights, T, cols, error, done of rank 1..15,
@@ -66,7 +68,9 @@ def balanced_cuts(splits: list[int], parts: int) -> list[tuple[int, int]]:
 
 
 class Team:
-    def __init__(self, weights: list[Matrix], ranks: int) -> None:
+    def __init__(
+        self, weights: list[Matrix], ranks: int, on_close: Callable[[], object] | None = None
+    ) -> None:
         if not 2 <= ranks <= MAX_RANKS:
             raise QuantError(f"a team has 2 to {MAX_RANKS} processes, not {ranks}")
         self.ranks = ranks
@@ -89,6 +93,7 @@ class Team:
             self.pids.append(pid)
         atexit.register(self.close)  # no worker outlives the program
         self.label = f"numpy, {ranks} processes"
+        self.on_close = on_close  # e.g. give BLAS back the threads it had
 
     def matvecs(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
         """W @ x for several matrices of the same input width, in one hand-over."""
@@ -245,6 +250,11 @@ class Team:
             except ChildProcessError:
                 pass
         self.pids.clear()
+        for fds in self.wake:
+            for fd in fds:
+                os.close(fd)
+        if self.on_close:
+            self.on_close()
 
 
 class Solo:
@@ -252,9 +262,15 @@ class Solo:
 
     ranks = 1
 
-    def __init__(self, label: str = "one process") -> None:
+    def __init__(self, label: str = "one process", on_close: Callable[[], object] | None = None):
         self.label = label  # how the kernels run, for reports
         self.work = Workspace()
+        self.on_close = on_close
+
+    def close(self) -> None:
+        if self.on_close:
+            self.on_close()
+            self.on_close = None
 
     def matvecs(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
         return [w.matvec(x, self.work) for w in weights]
@@ -262,13 +278,12 @@ class Solo:
     def matmuls(self, weights: list[Matrix], x: np.ndarray) -> list[np.ndarray]:
         return [w.matmul(x, self.work) for w in weights]
 
-    def close(self) -> None:
-        pass
 
-
-def start(weights: list[Matrix], ranks: int) -> Team | Solo:
-    """A team of `ranks` processes sharing `weights`, or Solo when ranks < 2 or the
-    platform is not supported."""
+def start(
+    weights: list[Matrix], ranks: int, on_close: Callable[[], object] | None = None
+) -> Team | Solo:
+    """A team of `ranks` processes (at most MAX_RANKS) sharing `weights`, or Solo when
+    ranks < 2 or the platform is not supported. `on_close` runs when it is closed."""
     if ranks < 2 or not supported():
-        return Solo()
-    return Team(weights, ranks)
+        return Solo(on_close=on_close)
+    return Team(weights, min(ranks, MAX_RANKS), on_close)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[fast]'
 "$VENV/bin/llama-np" pull smollm2-135m >/dev/null
-echo "--- a story from SmolLM2-135M-Instruct (Q4_1; the first run compiles the kernels, about 40-55 s) ---" >&2
+echo "--- a story from SmolLM2-135M-Instruct (Q4_1; the first run compiles the kernels, 38-54 s here) ---" >&2
 "$VENV/bin/llama-np" generate --chat --temp 0.7 --seed 42 -n 160 \
     -p "Write a short story about a llama who learns to read."
 echo "--- the bandwidth report (llama-np bench; the probe runs once and is cached) ---" >&2

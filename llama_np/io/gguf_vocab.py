@@ -74,7 +74,7 @@ def bpe_merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple
 
 
 def tokenizer_from_gguf(meta: Any) -> HFTokenizer | None:
-    """The tokenizer of a GGUF file (meta: gguf_loader.Metadata), or None without one."""
+    """The tokenizer of a GGUF file (meta: llama_np.io.gguf.Metadata), or None without one."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
     model = meta.get("tokenizer.ggml.model", str, None)

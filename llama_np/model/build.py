@@ -104,9 +104,10 @@ def build_weights(
         m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
         m["w_gate_up"] = stack_rows([m.pop("w_gate"), m.pop("w_up")])
     bar.close()
-    matrices = [embed, head] + [m[k] for m in layers for k in ("wqkv", "wo", "w_gate_up", "w_down")]
-    packed, _ = arena.pack(matrices)  # the arrays keep the arena alive
-    moved = dict(zip(map(id, matrices), packed, strict=True))
-    for m in layers:
-        m.update({k: moved[id(v)] for k, v in m.items() if id(v) in moved})
-    return _assemble(c, layers, moved[id(embed)], moved[id(head)], glob["norm"])
+    keys = ("wqkv", "wo", "w_gate_up", "w_down")
+    matrices = [embed, head] + [m.pop(k) for m in layers for k in keys]
+    del embed, head  # pack frees each matrix once it is in the arena
+    (embed, head, *rest), _ = arena.pack(matrices)  # the arrays keep the arena alive
+    for i, m in enumerate(layers):
+        m.update(zip(keys, rest[len(keys) * i : len(keys) * (i + 1)], strict=True))
+    return _assemble(c, layers, embed, head, glob["norm"])

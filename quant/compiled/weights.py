@@ -65,8 +65,8 @@ ZERO = np.float32(0)
 
 
 class CompiledMatrix:
-    """The compiled side of the Weight interface: matvec and matmul run the kernels here,
-    on the threads numba runs; the NumPy process team never sees these matrices.
+    """The compiled side of the Matrix interface: matvec runs the kernels here, on the
+    threads numba runs; the NumPy process team never sees these matrices.
 
     `matvec_into(x, out, norm, eps, mode, add)` is one kernel: out (=, or += when add)
     W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue)."""
@@ -186,9 +186,6 @@ class CompiledBlockWeight(CompiledMatrix, BlockWeight):
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         return grouped_dequantize(self, r0, r1)
 
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
-
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
     ) -> None:
@@ -272,9 +269,6 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
         lay = self.layout
         ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
 
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
-
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
     ) -> None:
@@ -344,9 +338,6 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
         mins = self.scales if self.mins is None else self.mins
         dequant.dequant_q5(self.codes, self.scales, mins, self.mins is not None, self.bits,
                            g0, g1, out)  # fmt: skip
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace

@@ -46,7 +46,8 @@ def test_every_tensor_type_loads_in_its_format(gguf_pair):
     assert got == t
 
 
-def test_logits_match_transformers_reading_the_same_gguf(gguf_pair):
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_logits_match_transformers_reading_the_same_gguf(gguf_pair, kernels):
     import torch
 
     path, ref = gguf_pair
@@ -54,7 +55,8 @@ def test_logits_match_transformers_reading_the_same_gguf(gguf_pair):
     with torch.no_grad():
         theirs = ref(torch.tensor([ids])).logits[0].numpy()
     for weights in ("f32", None):  # dequantized at load, and run natively
-        ours = llama_np.load(path, weights=weights).logits(ids)
+        with llama_np.load(path, weights=weights, kernels=kernels) as llm:
+            ours = llm.logits(ids)
         np.testing.assert_allclose(ours, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=0)
 
 

@@ -66,3 +66,37 @@ def test_close_reaps_the_workers(weights):
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def test_close_returns_its_pipes_and_calls_back(weights):
+    fds = set(os.listdir("/proc/self/fd"))
+    called = []
+    team = parallel.start(weights, 3, on_close=lambda: called.append(1))
+    assert len(set(os.listdir("/proc/self/fd")) - fds) == 4  # a pipe per worker
+    team.close()
+    team.close()  # once
+    assert set(os.listdir("/proc/self/fd")) <= fds and called == [1]
+
+
+def test_more_ranks_than_a_team_holds_gives_the_largest_team(weights):
+    team = parallel.start(weights, parallel.MAX_RANKS + 5)
+    try:
+        assert team.ranks == parallel.MAX_RANKS
+    finally:
+        team.close()
+
+
+def test_the_backend_gives_blas_its_threads_back(weights):
+    from threadpoolctl import threadpool_info
+
+    from quant.backends import numpy_backend
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas_threads()
+    for fmt_weights in (weights, weights[:1]):  # a team (BLAS 1), f32 alone (BLAS 2)
+        workers = numpy_backend().start(fmt_weights, 2)
+        assert blas_threads() == [1 if workers.ranks > 1 else 2] * len(before)
+        workers.close()
+        assert blas_threads() == before
