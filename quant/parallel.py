@@ -262,7 +262,9 @@ class Solo:
 
     ranks = 1
 
-    def __init__(self, label: str = "one process", on_close: Callable[[], object] | None = None):
+    def __init__(
+        self, label: str = "one process", on_close: Callable[[], object] | None = None
+    ) -> None:
         self.label = label  # how the kernels run, for reports
         self.work = Workspace()
         self.on_close = on_close

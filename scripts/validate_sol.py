@@ -75,7 +75,8 @@ def verdict(r: Row) -> str:
     codes = {f for f in r.weights.replace("+", "/").split("/")[0:-1] or [r.weights]}
     if r.kernels.startswith("numba") and codes - {"f32", "f16", "bf16", "q8_0"}:
         return "compute-bound: unpacking 4-6 bit codes takes more vector work than streaming them"
-    if min(r.depth or 0, r.window or r.depth or 0) >= 1024:
+    keys = min(r.depth, r.window) if r.window else r.depth  # positions attended
+    if keys >= 1024:
         return "attention below the bandwidth the weights get"
     return "memory-bound, below the probe's bandwidth (many matrices, a hand-over each)"
 
