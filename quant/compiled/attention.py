@@ -30,7 +30,7 @@ from .jit import (
 
 TILES_PER_TASK = 16  # tiles of 16 keys one piece of parallel work reads, at least
 TILE = 16  # keys per tile (quant.kv.TILE)
-CHAINS = 8  # independent accumulators in a tile's dot products (head_dim % 8 == 0)
+CHAINS = 8  # independent accumulators in a tile's dot products (any rest: one chain)
 BLOCK = 32  # q8_0 block
 
 
@@ -170,6 +170,12 @@ def _put_value(values, h, slot, vec):
 
 
 @kernel(inline=True)
+def same(x):
+    """A float32 as it is (the f32 twin of jit.f16, for code written for both)."""
+    return x
+
+
+@kernel(inline=True)
 def zero(a, n):
     """a[:n] = 0 for n a multiple of 16 (numba lowers slice assignment generically, and
     LLVM vectorizes the plain loop across the wrong axis)."""
@@ -212,10 +218,13 @@ def _tile_scores(keys, h, t, q, acc, tmp):
         def scores_f16(keys, h, t, q, acc, tmp):
             hd = keys[0].shape[2]
             base = (h * keys[0].shape[1] + t) * hd
+            whole = hd // CHAINS * CHAINS
             zero(acc, CHAINS * TILE)
-            for j in range(0, hd, CHAINS):
+            for j in range(0, whole, CHAINS):
                 for c in range(CHAINS):
                     fma16_f16(acc, TILE * c, q[j + c], keys[0], (base + j + c) * TILE)
+            for j in range(whole, hd):  # head_dim % 8: the last elements, one chain
+                fma16_f16(acc, 0, q[j], keys[0], (base + j) * TILE)
             fold_chains(acc)
 
         return scores_f16
@@ -223,10 +232,13 @@ def _tile_scores(keys, h, t, q, acc, tmp):
     def scores_f32(keys, h, t, q, acc, tmp):
         hd = keys[0].shape[2]
         base = (h * keys[0].shape[1] + t) * hd
+        whole = hd // CHAINS * CHAINS
         zero(acc, CHAINS * TILE)
-        for j in range(0, hd, CHAINS):
+        for j in range(0, whole, CHAINS):
             for c in range(CHAINS):
                 fma16(acc, TILE * c, q[j + c], keys[0], (base + j + c) * TILE)
+        for j in range(whole, hd):  # head_dim % 8: the last elements, one chain
+            fma16(acc, 0, q[j], keys[0], (base + j) * TILE)
         fold_chains(acc)
 
     return scores_f32
@@ -259,10 +271,12 @@ def _weigh_values(values, h, k0, k1, probs, o, at, stride):
 
         return weigh_q8_0
     fma = fma16_f16 if _is_f16(values) else fma16
+    widen = f16 if _is_f16(values) else same
 
     def weigh_float(values, h, k0, k1, probs, o, at, stride):
         v = values[0]
         hd, slots = v.shape[2], v.shape[1]
+        whole = hd // 16 * 16  # elements of a value the 16-lane steps cover
         four = k0 + (k1 - k0) // 4 * 4
         for r in range(probs.shape[0]):
             out = at + r * stride
@@ -270,15 +284,18 @@ def _weigh_values(values, h, k0, k1, probs, o, at, stride):
                 p0, p1 = probs[r, i - k0], probs[r, i + 1 - k0]
                 p2, p3 = probs[r, i + 2 - k0], probs[r, i + 3 - k0]
                 row = (h * slots + i) * hd
-                for j in range(0, hd, 16):
+                for j in range(0, whole, 16):
                     fma(o, out + j, p0, v, row + j)
                     fma(o, out + j, p1, v, row + hd + j)
                     fma(o, out + j, p2, v, row + 2 * hd + j)
                     fma(o, out + j, p3, v, row + 3 * hd + j)
             for i in range(four, k1):
                 row = (h * slots + i) * hd
-                for j in range(0, hd, 16):
+                for j in range(0, whole, 16):
                     fma(o, out + j, probs[r, i - k0], v, row + j)
+            for i in range(k0, k1):  # head_dim % 16: the last elements, one at a time
+                for j in range(whole, hd):
+                    o[out + j] += probs[r, i - k0] * widen(v[h, i, j])
 
     return weigh_float
 
