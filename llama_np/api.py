@@ -133,15 +133,20 @@ def load(
     threads: int | None = None,
     kernels: str = "auto",
     progress: bool = False,
+    check_tensors: bool = False,
 ) -> LLM:
     """Load a checkpoint directory, a .gguf file or a model alias (default: smollm2-135m,
     pulled on first use; reports then name the model by its alias). `weights` converts
     every matrix to that format at load time (None keeps them as stored); `head` gives the
     LM head its own format; `kernels` is "auto" (compiled when numba is installed),
-    "numba" or "numpy"; the kernels run on `threads` cores (default: all)."""
+    "numba" or "numpy"; the kernels run on `threads` cores (default: all).
+    `check_tensors`: refuse a file with a NaN or infinite value, scale or min in any tensor
+    (LlamaNpError naming the first), at the cost of reading every tensor once."""
     backend = choose_backend(kernels)
     model = DEFAULT_MODEL if model is None else model
     src = open_source(resolve_model(model), backend)
+    if check_tensors:
+        src.check_tensors()
     if isinstance(model, str) and model in MODELS:
         src.config = replace(src.config, name=model)  # reports name it by its alias
     w = build_weights(src.config, src.tensors, weights, head, progress=progress, backend=backend)

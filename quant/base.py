@@ -63,6 +63,19 @@ class Matrix(ABC):
         """Rows r0:r1 as float32, shape (r1 - r0, cols). For tests, conversion and lookups:
         the kernels never call it on a whole large matrix."""
 
+    def first_nonfinite(self) -> tuple[int, int] | None:
+        """(row, column) of the first weight that is NaN or infinite, or None. Dequantizing
+        finds a bad value, scale or min alike (a NaN or infinite scale makes every weight
+        of its block non-finite, 0 * inf included), with no format's layout repeated here."""
+        step = max(1, (1 << 20) // self.shape[1])  # ~4 MB of float32 at a time
+        for r0 in range(0, self.shape[0], step):
+            with np.errstate(all="ignore"):
+                bad = ~np.isfinite(self.dequantize(r0, min(self.shape[0], r0 + step)))
+            if bad.any():
+                r, c = np.argwhere(bad)[0]
+                return r0 + int(r), int(c)
+        return None
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The rows `ids` as float32, shape (len(ids), cols): an embedding lookup."""
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])

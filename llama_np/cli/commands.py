@@ -33,7 +33,7 @@ def load_model(args: argparse.Namespace) -> LLM:
     from llama_np.api import load
 
     return load(args.model, weights=args.weights, head=args.head, threads=args.threads,
-                kernels=args.kernels, progress=True)  # fmt: skip
+                kernels=args.kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
 
 
 def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: str = "") -> str:

@@ -79,6 +79,7 @@ MODEL_ARGS = [
     (("--head",), dict(choices=TARGETS, metavar="FMT", help="format of the LM head (default: as --weights)")),
     THREADS_ARG,
     KERNELS_ARG,
+    (("--check-tensors",), dict(action="store_true", help="check every tensor's values and block scales for NaN or infinity at load")),
 ]
 SAMPLING_ARGS = [
     (("-n", "--n-predict"), dict(type=n_predict, default=128, help="tokens to generate (default: %(default)s)")),

@@ -11,7 +11,7 @@ from arch import ConfigError, load_config
 from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
 from bench.sol import Estimate, Prediction, estimate, to_json
-from llama_np.errors import UsageError
+from llama_np.errors import LlamaNpError, UsageError
 from quant.host import usable_cores
 
 if TYPE_CHECKING:
@@ -142,10 +142,19 @@ def bench_model(args: argparse.Namespace, threads: int) -> Transformer:
             model = synthetic_model(args.model, args.weights, args.head, backend)
         except ConfigError as e:
             raise UsageError(str(e)) from None
+        if args.check_tensors:
+            check_matrices(model)
         return model.start(threads)
     llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
-               kernels=args.kernels, progress=True)  # fmt: skip
+               kernels=args.kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
     return llm.model
+
+
+def check_matrices(model: Transformer) -> None:
+    """--check-tensors on a synthetic model: its random matrices, as a file's tensors."""
+    for i, w in enumerate(model.weights.matrices()):
+        if (where := w.first_nonfinite()) is not None:
+            raise LlamaNpError(f"synthetic matrix {i} holds NaN or infinity at {list(where)}")
 
 
 def print_rows(rows: list, args: argparse.Namespace, meta: dict) -> None:

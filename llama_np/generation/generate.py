@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llama_np.errors import UsageError
+from llama_np.errors import LlamaNpError, UsageError
 from llama_np.generation.sampling import Sampler
 from llama_np.io.tokenizer import StreamDecoder, Tokenizer
 from llama_np.model.kvcache import KVCache
@@ -78,6 +78,17 @@ class StopStrings:
         return out
 
 
+def check_logits(logits: np.ndarray, step: str) -> None:
+    """Stop with one line, never sample from NaN: a non-finite weight, scale or KV entry
+    turns every logit after it into NaN. ~15 us on 49,152 logits, 36 us on 151,936 (0.2%
+    of a token of SmolLM2 or Qwen2.5-Coder)."""
+    if not np.isfinite(logits).all():
+        raise LlamaNpError(
+            f"the logits of {step} hold NaN or infinity: a weight, a block scale or the KV "
+            "cache is not finite (--check-tensors checks every tensor at load)"
+        )
+
+
 def check_fits(cache: KVCache, n_new: int) -> None:
     room = cache.room()
     if room is not None and n_new > room:
@@ -111,6 +122,7 @@ def generate(
     t0 = time.perf_counter()
     logits = model.forward(np.asarray(prompt), cache)
     stats.prefill_s, stats.prompt_tokens = time.perf_counter() - t0, len(prompt)
+    check_logits(logits, f"the prompt ({len(prompt)} tokens)")
     decoder, stops = StreamDecoder(tokenizer, list(prompt)), StopStrings(stop)
     eos = set(tokenizer.eos_ids) | set(model.config.eos_ids)
     while True:
@@ -137,6 +149,7 @@ def generate(
         stats.decode_s += time.perf_counter() - t0
         stats.decode_steps += 1
         stats.decode_bytes += model.meter.last.bytes_read
+        check_logits(logits, f"decode step {stats.decode_steps} (position {cache.pos - 1})")
     tail = stops.feed(decoder.flush())
     if stops.hit:
         stats.stop_reason = "stop"

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from llama_np.api import LLM
 from llama_np.errors import UsageError
+from llama_np.generation.generate import check_logits
 
 
 @dataclass
@@ -53,6 +54,7 @@ def perplexity(
         window = ids[w * body : (w + 1) * body]
         tokens = ([bos] if bos is not None else []) + window
         logits = llm.logits(tokens, llm.new_cache(ctx, kv=kv))  # (ctx, vocab)
+        check_logits(logits, f"window {w + 1} of {n_windows}")
         first = ctx // 2
         lp = log_softmax(logits[first - 1 : -1])  # predictions of tokens first..ctx-1
         targets = np.asarray(tokens[first:])

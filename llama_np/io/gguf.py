@@ -190,8 +190,11 @@ def _reader(path: Path) -> GGUFReader:
     return Reader(path, "r")
 
 
-def load_gguf(path: Path, backend: Backend) -> tuple[Config, dict[str, Tensor], HFTokenizer]:
-    """The config, the tensors by HF name in the backend's layout, and the tokenizer."""
+def load_gguf(
+    path: Path, backend: Backend
+) -> tuple[Config, dict[str, Tensor], HFTokenizer, dict[str, str]]:
+    """The config, the tensors by HF name in the backend's layout, the tokenizer, and the
+    file's own name of each tensor (by HF name), for messages."""
     try:
         reader = _reader(path)
     except Exception as e:  # the reader raises ValueError, KeyError, struct errors...
@@ -203,11 +206,13 @@ def load_gguf(path: Path, backend: Backend) -> tuple[Config, dict[str, Tensor], 
         factors = np.asarray(by_name["rope_freqs.weight"].data, np.float32).ravel()
     config = config_from_gguf(meta, set(by_name), factors, path.name)
     tensors: dict[str, Tensor] = {}
+    names: dict[str, str] = {}
     for name, t in by_name.items():
         hf, heads = gguf_to_hf_name(name, config)
         if hf is not None:
             tensors[hf] = gguf_tensor(t, heads, backend)
-    return config, tensors, tokenizer_from_gguf(meta)
+            names[hf] = f"{name} ({GGML_TYPES[int(t.tensor_type)].upper()})"
+    return config, tensors, tokenizer_from_gguf(meta), names
 
 
 def gguf_to_hf_name(name: str, c: Config) -> tuple[str | None, int | None]:

@@ -5,8 +5,10 @@ directory of safetensors, a .safetensors file inside one, or a .gguf file."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from arch import Config
 from llama_np.errors import LlamaNpError, UsageError
@@ -26,6 +28,23 @@ class Source:
     tokenizer: Tokenizer | None
     path: Path
     kind: str  # "hf" or "gguf"
+    file_names: dict[str, str] = field(default_factory=dict)  # HF name -> the file's, if other
+
+    def check_tensors(self) -> None:
+        """--check-tensors: every value, block scale and min of every tensor is finite, or
+        a one-line error naming the first tensor that is not, as the file names it."""
+        for name, t in self.tensors.items():
+            if isinstance(t, np.ndarray):
+                bad = np.argwhere(~np.isfinite(t))
+                where = tuple(int(i) for i in bad[0]) if len(bad) else None
+            else:
+                where = t.first_nonfinite()
+            if where is not None:
+                at = ", ".join(map(str, where))
+                raise LlamaNpError(
+                    f"{self.path.name}: tensor {self.file_names.get(name, name)} holds NaN or "
+                    f"infinity at [{at}] (a value, or the scale or min of its block)"
+                )
 
 
 def hf_tensors(ckpt: Checkpoint, backend: Backend) -> dict[str, Tensor]:
@@ -65,8 +84,8 @@ def open_source(path: str | Path, backend: Backend | None = None) -> Source:
     if path.suffix in PICKLE_SUFFIXES:
         refuse_pickle(path)
     if path.suffix == ".gguf":
-        config, tensors, tokenizer = load_gguf(path, backend)
-        return Source(config, tensors, tokenizer, path, "gguf")
+        config, tensors, tokenizer, names = load_gguf(path, backend)
+        return Source(config, tensors, tokenizer, path, "gguf", names)
     directory = path if path.is_dir() else path.parent
     ckpt = load_hf_checkpoint(directory)
     tensors = hf_tensors(ckpt, backend)

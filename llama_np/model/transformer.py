@@ -140,7 +140,13 @@ class Transformer:
 
     def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Logits after `tokens`, which continue the sequence held in `cache`.
-        tokens (T,) -> (T, vocab) if all_logits else (vocab,) for the last token"""
+        tokens (T,) -> (T, vocab) if all_logits else (vocab,) for the last token.
+        A non-finite weight or scale gives non-finite logits without a NumPy warning: the
+        generation loop checks the logits and says so in one line."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._forward(tokens, cache, all_logits)
+
+    def _forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool) -> np.ndarray:
         w, k = self.weights, self.seam
         t, p0 = len(tokens), cache.pos
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
