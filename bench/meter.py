@@ -19,8 +19,9 @@ class Step:
     """One forward call: `n_tokens` tokens starting at position `pos`."""
 
     kind: str  # "prefill" or "decode"
-    pos: int
+    pos: int  # of the first token (in a batch: the lowest position)
     n_tokens: int
+    sequences: int = 1  # a batched decode step: one token of each of n_tokens sequences
     reads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
@@ -48,8 +49,8 @@ class Meter:
         self.decode_steps = 0
         self.decode_bytes_read = 0
 
-    def begin(self, kind: str, pos: int, n_tokens: int) -> None:
-        self._step = Step(kind, pos, n_tokens)
+    def begin(self, kind: str, pos: int, n_tokens: int, sequences: int = 1) -> None:
+        self._step = Step(kind, pos, n_tokens, sequences)
         self._t0 = time.perf_counter()
 
     def read(self, category: str, nbytes: int) -> None:

@@ -34,13 +34,38 @@ COLUMNS = [
 ]
 
 
+def _opt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+# `bench --batch`: decode steps of B sequences; bytes and FLOPs per step, B* the ridge
+BATCH_COLUMNS = [
+    *COLUMNS[:6],
+    ("B", lambda r: str(r.batch)),
+    ("step ms", lambda r: f"{r.step_ms:.2f} ({r.decode_ms_min:.2f}-{r.decode_ms_max:.2f})"),
+    ("tok/s", lambda r: f"{r.tok_s:.1f}"),
+    ("MB/step", lambda r: f"{r.bytes_per_step / 1e6:.1f}"),
+    ("GFLOP/step", lambda r: f"{r.flops_per_step / 1e9:.2f}"),
+    ("GB/s", lambda r: f"{r.gbs:.1f}"),
+    ("SOL ms/step", lambda r: _opt(r.sol_ms, ".2f")),
+    ("bound", lambda r: r.bound or "-"),
+    ("measured/SOL", lambda r: _opt(r.measured_over_sol, ".2f")),
+    ("B*", lambda r: _opt(r.ridge_batch, ".1f")),
+]
+
+
+def columns(rows: list[Row]) -> list:
+    return BATCH_COLUMNS if any(r.batched for r in rows) else COLUMNS
+
+
 def cells(rows: list[Row]) -> list[list[str]]:
-    return [[name for name, _ in COLUMNS]] + [[f(r) for _, f in COLUMNS] for r in rows]
+    cols = columns(rows)
+    return [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
 
 
 def text_table(rows: list[Row]) -> str:
     table = cells(rows)
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in table
     )
@@ -48,7 +73,7 @@ def text_table(rows: list[Row]) -> str:
 
 def markdown(rows: list[Row]) -> str:
     table = cells(rows)
-    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in table[1:]])
 
 
@@ -123,6 +148,45 @@ def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
     b.set_xticks(list(xs), names, fontsize=6)
     b.set(ylabel="GB/s", title="achieved vs attainable bandwidth")
     b.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_batch(rows: list[Row], path: str | Path, title: str = "") -> None:
+    """Step time and tokens/s against the batch, measured (solid) and the speed-of-light
+    roofline (dashed), with the predicted ridge B* marked. Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'llama-np[plot]'") from None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.weights, r.kv, r.depth), []).append(r)
+    for (model, weights, kv, depth), rs in groups.items():
+        rs.sort(key=lambda r: r.batch)
+        label = f"{model} {weights} kv {kv} depth {depth}"
+        x = [r.batch for r in rs]
+        line = a.plot(x, [r.step_ms for r in rs], "o-", label=label)[0]
+        b.plot(x, [r.tok_s for r in rs], "o-", color=line.get_color(), label=label)
+        if all(r.sol_ms for r in rs):
+            a.plot(x, [r.sol_ms for r in rs], "--", color=line.get_color(), alpha=0.7)
+            b.plot(x, [1e3 * r.batch / r.sol_ms for r in rs], "--", color=line.get_color(),
+                   alpha=0.7)  # fmt: skip
+        ridge = rs[0].ridge_batch
+        if ridge and ridge < float("inf"):
+            for ax in (a, b):
+                ax.axvline(ridge, color=line.get_color(), linestyle=":", alpha=0.8)
+    for ax, ylabel in ((a, "ms per decode step"), (b, "tokens/s, all sequences")):
+        ax.set(xscale="log", yscale="log", xlabel="batch B (sequences per step)", ylabel=ylabel)
+        ax.set_xticks([r.batch for r in rows], [str(r.batch) for r in rows])
+        ax.legend(fontsize=7)
+    a.set_title("measured (solid), speed of light (dashed), ridge B* (dotted)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

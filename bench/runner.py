@@ -52,6 +52,12 @@ class Decoder(Protocol):
     def step(self, token: int) -> None:
         """One decode step."""
 
+    def start_batch(self, depth: int, batch: int) -> None:
+        """Begin `batch` sequences, each with a KV cache holding `depth` positions."""
+
+    def step_batch(self, tokens: np.ndarray) -> None:
+        """One decode step of every sequence of the batch: tokens (batch,)."""
+
 
 @dataclass
 class Settings:
@@ -62,6 +68,7 @@ class Settings:
     warmup: int = 2  # decode steps not timed at the start of each repetition
     window: int | None = None
     profile: bool = False
+    batch: tuple[int, ...] = ()  # batch sizes: rows of batched decode steps (no prefill)
 
 
 @dataclass
@@ -90,6 +97,14 @@ class Row:
     bound: str | None
     rss_mb: float = 0.0
     profile: dict[str, dict[str, float]] = field(default_factory=dict)
+    batch: int = 1  # sequences per decode step
+    batched: bool = False  # a row of `--batch`: decode steps of `batch` sequences, no prefill
+    step_ms: float = 0.0  # median ms per decode step (= decode_ms)
+    tok_s: float = 0.0  # tokens per second, all sequences together
+    bytes_per_step: float = 0.0  # measured by the meter (= bytes_per_token at batch 1)
+    flops_per_step: int = 0  # the speed-of-light model's
+    peak_gflops: float | None = None  # the ceiling of the arithmetic these kernels run
+    ridge_batch: float | None = None  # B*: the batch beyond which the step is compute-bound
 
 
 def rss_mb() -> float:
@@ -118,6 +133,21 @@ def _decode_round(
     return prefill, 1e3 * sum(times) / len(times), steps
 
 
+def _batch_round(
+    dec: Decoder, s: Settings, depth: int, batch: int, rng: np.random.Generator
+) -> tuple[float, float, list]:
+    dec.start_batch(depth, batch)
+    times, steps = [], []
+    for i in range(s.n):
+        tokens = rng.integers(0, 1000, batch)
+        t0 = time.perf_counter()
+        dec.step_batch(tokens)
+        if i >= s.warmup:
+            times.append(time.perf_counter() - t0)
+            steps.append(dec.meter.last)
+    return float("nan"), 1e3 * sum(times) / len(times), steps
+
+
 def run(
     dec: Decoder,
     s: Settings,
@@ -125,26 +155,30 @@ def run(
     device: Device | None = None,
     progress: bool = True,
 ) -> list[Row]:
-    """Rows, one per depth."""
+    """Rows, one per depth (and batch size, with `s.batch`)."""
     rng = np.random.default_rng(0)
-    results: dict[int, list[tuple[float, float, list]]] = {d: [] for d in s.depths}
+    keys = [(d, b) for d in s.depths for b in (s.batch or (1,))]
+    results: dict[tuple[int, int], list[tuple[float, float, list]]] = {k: [] for k in keys}
     dec.meter.profile = s.profile
-    with tqdm(total=s.reps * len(s.depths), desc="bench", unit="run", disable=not progress) as bar:
+    with tqdm(total=s.reps * len(keys), desc="bench", unit="run", disable=not progress) as bar:
         for _ in range(s.reps):
-            for depth in s.depths:
-                results[depth].append(_decode_round(dec, s, depth, rng))
+            for depth, b in keys:
+                if s.batch:
+                    results[depth, b].append(_batch_round(dec, s, depth, b, rng))
+                else:
+                    results[depth, b].append(_decode_round(dec, s, depth, rng))
                 bar.update()
-    return [_row(dec.config, dec.variant, s, d, results[d], probe, device) for d in s.depths]
+    return [_row(dec.config, dec.variant, s, d, b, results[d, b], probe, device) for d, b in keys]
 
 
-def _row(config: Config, f: Variant, s: Settings, depth: int,
+def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
          rounds: list, probe: Probe | None, device: Device | None) -> Row:  # fmt: skip
     ms = [r[1] for r in rounds]
     steps = [st for r in rounds for st in r[2]]
     measured = statistics.fmean(st.bytes_read for st in steps)
-    mid = depth + s.prompt + (s.warmup + s.n) // 2
+    mid = depth + (0 if s.batch else s.prompt) + (s.warmup + s.n) // 2
     est = estimate(config, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
-                   kernels=f.backend)  # fmt: skip
+                   kernels=f.backend, batch=batch)  # fmt: skip
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     row = Row(
@@ -154,14 +188,18 @@ def _row(config: Config, f: Variant, s: Settings, depth: int,
         bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,
         tier="?", attainable_gbs=None, pct_attainable=None, device=None, pct_peak=None,
         sol_ms=None, measured_over_sol=None, bound=None, rss_mb=rss_mb(),
+        batch=batch, batched=bool(s.batch), step_ms=decode_ms, tok_s=1e3 * batch / decode_ms,
+        bytes_per_step=measured, flops_per_step=est.flops,
     )  # fmt: skip
     if probe is not None:
         tier, bw = probe.attainable(est.bytes_per_token)
-        pred = est.predict(bw, probe.sgemm_gflops * 1e9)
+        peak = probe.peak_flops(f.backend, weights_label(f.weights))
+        pred = est.predict(bw, peak)
         row.tier, row.attainable_gbs = tier, bw / 1e9
         row.pct_attainable = 100 * gbs * 1e9 / bw
         row.sol_ms, row.bound = pred.ms_per_token, pred.bound
         row.measured_over_sol = decode_ms / pred.ms_per_token
+        row.peak_gflops, row.ridge_batch = peak / 1e9, est.ridge_batch(bw, peak)
     if device is not None:
         row.device, row.pct_peak = device.name, 100 * gbs * 1e9 / device.bandwidth
     if s.profile:

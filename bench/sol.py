@@ -41,6 +41,22 @@ class Estimate:
     flops: int = 0
     engine: bool = True  # matrices counted as llama-np stores them (else: at rest)
     kernels: str = "numpy"  # the backend whose in-memory layout `engine` counts
+    batch: int = 1  # sequences stepped together: one token each, every weight read once
+
+    @property
+    def per_sequence_bytes(self) -> int:
+        """What each sequence of a batch adds: its KV cache and its embedding row."""
+        return self.reads["kv_cache"] + self.reads["embedding"]
+
+    def ridge_batch(self, bandwidth: float, peak_flops: float) -> float:
+        """B*, the batch at which the step turns compute-bound: the weights' time
+        (read once per step) equals the arithmetic's time, less what every sequence adds
+        in bytes. B* = (W / bw) / (F1 / peak - V1 / bw), F1 and V1 per sequence; infinite
+        when one sequence's bytes take longer than its arithmetic."""
+        fixed = (self.bytes_per_token - self.per_sequence_bytes) / bandwidth
+        per_seq = self.flops / self.batch / peak_flops
+        per_seq -= self.per_sequence_bytes / self.batch / bandwidth
+        return fixed / per_seq if per_seq > 0 else float("inf")
 
     @property
     def weight_bytes(self) -> int:
@@ -114,13 +130,16 @@ def estimate(
     engine: bool = True,
     embed: str | None = None,
     kernels: str = "numpy",
+    batch: int = 1,
 ) -> Estimate:
     """Bytes and FLOPs of the decode step of the token at `pos` (0-based). `weights`: the
     layers' format, or per layer a format per matrix (ROLES), as a GGUF file mixes them;
     `window` overrides the config's; `head` is the LM head's format (default: `weights`);
     `embed` the embedding's (default: the head's when tied, else `weights`). `engine`:
     count matrices and the KV cache as the `kernels` backend ("numpy" or "numba") lays
-    them out in memory; False counts the formats' own sizes."""
+    them out in memory; False counts the formats' own sizes. `batch`: one decode step of
+    that many sequences, all at `pos`: weights and norms read once, an embedding row and
+    the KV cache per sequence, B times the FLOPs."""
     s = config
     plan = [dict.fromkeys(ROLES, weights)] * s.n_layers if isinstance(weights, str) else weights
     if len(plan) != s.n_layers or (not isinstance(weights, str) and head is None):
@@ -129,27 +148,29 @@ def estimate(
     embed = head if s.tie_embeddings else (embed or weights)  # type: ignore[assignment]
     window = window if window is not None else s.sliding_window
     n_keys = pos + 1 if window is None else min(pos + 1, window)
-    reads = _weight_reads(s, plan, head, embed, lambda f: matrix_bytes(f, engine, kernels))
+    reads = _weight_reads(s, plan, head, embed, lambda f: matrix_bytes(f, engine, kernels), batch)
     store = kv_store_class(kv)
     slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
     keys = store.read_nbytes(n_keys, s.n_kv_heads, s.head_dim, tiled)
-    reads["kv_cache"] = s.n_layers * (keys + n_keys * slot)
+    reads["kv_cache"] = batch * s.n_layers * (keys + n_keys * slot)
+    reads["embedding"] *= batch
     total, read, matmul = _parameters(s)
-    flops = 2 * matmul + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys
-    writes = s.n_layers * 2 * slot
+    flops = batch * (2 * matmul + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys)
+    writes = batch * s.n_layers * 2 * slot
     label = weights_label(weights)
     return Estimate(
-        s, label, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels
+        s, label, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels, batch
     )
 
 
 def _weight_reads(
     s: Config, plan: list[dict[str, str]], head: str, embed: str,
-    nbytes: Callable[[str], Callable[[tuple[int, int]], int]],
+    nbytes: Callable[[str], Callable[[tuple[int, int]], int]], batch: int = 1,
 ) -> dict[str, int]:  # fmt: skip
     """Bytes per meter category of everything but the KV cache: every matrix of every
-    layer (the active experts' and the router), the LM head, one embedding row, norms."""
+    layer (the experts the batch's tokens use, expected, and the router), the LM head, one
+    embedding row, norms."""
     dims = layer_matrices(s)
     bias = 4 * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
 
@@ -159,12 +180,23 @@ def _weight_reads(
     router = sum(nbytes(f["w_gate"])((s.n_experts, s.dim)) for f in plan) if s.n_experts > 1 else 0
     reads = dict.fromkeys(CATEGORIES, 0)
     reads["attn_weights"] = sum(layer_bytes(f, ATTN_ROLES) + bias for f in plan)
-    reads["mlp_weights"] = sum(s.experts_per_token * layer_bytes(f, MLP_ROLES) for f in plan)
+    experts = experts_read(s, batch)
+    reads["mlp_weights"] = round(sum(experts * layer_bytes(f, MLP_ROLES) for f in plan))
     reads["mlp_weights"] += router
     reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
     reads["embedding"] = nbytes(embed)((1, s.dim))
     reads["norms"] = 4 * s.dim * (2 * s.n_layers + 1)
     return reads
+
+
+def experts_read(s: Config, batch: int) -> float:
+    """Expected distinct experts a layer reads when `batch` tokens each route to
+    experts_per_token of n_experts (uniformly: a property of the router, assumed):
+    n (1 - (1 - k / n)^B). Batching a mixture of experts first adds bytes, not reuse."""
+    if s.n_experts <= 1:
+        return float(s.experts_per_token)
+    n, k = s.n_experts, s.experts_per_token
+    return n * (1 - (1 - k / n) ** batch)
 
 
 def _parameters(s: Config) -> tuple[int, int, int]:
@@ -203,6 +235,9 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
         "kv_write_bytes_per_token": e.kv_write_bytes,
         "bytes_by_category": dict(e.reads),
         "flops_per_token": e.flops,
+        "batch": e.batch,
+        "bytes_per_step": e.bytes_per_token,
+        "flops_per_step": e.flops,
     }
     if p is not None:
         out |= {
@@ -212,4 +247,6 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
             "predicted_tokens_per_s": p.tokens_per_s,
             "bound": p.bound,
         }
+        if p.peak_flops:
+            out["ridge_batch"] = e.ridge_batch(p.bandwidth_bytes_per_s, p.peak_flops)
     return out

@@ -66,6 +66,13 @@ def depths(text: str) -> tuple[int, ...]:
     return values
 
 
+def batches(text: str) -> tuple[int, ...]:
+    values = depths(text)
+    if min(values) < 1 or max(values) > 4096:
+        raise argparse.ArgumentTypeError(f"batch sizes must be 1..4096, got {text!r}")
+    return values
+
+
 KV = sorted(KV_FORMATS)
 
 # fmt: off
@@ -138,6 +145,7 @@ SOL_ARGS = [
     (("--head",), dict(choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)")),
     KV_ARG,
     (("--pos",), dict(type=int, default=0, help="position of the decoded token (default: %(default)s)")),
+    (("--batch",), dict(type=positive_int, default=1, help="sequences decoded together, each at --pos (default: %(default)s)")),
     (("--window",), dict(type=positive_int, help="sliding window (default: the config's)")),
     (("--json",), dict(action="store_true", help="print one JSON object")),
     (("--engine-layout",), dict(action="store_true", help="count bytes as llama-np holds matrices in memory (default: the formats' own sizes)")),
@@ -156,6 +164,7 @@ BENCH_ARGS = [
     (("-p", "--prompt"), dict(type=positive_int, default=32, help="prefill tokens (default: %(default)s)")),
     (("-n", "--n-predict"), dict(type=positive_int, default=128, help="decode steps per repetition (default: %(default)s)")),
     (("--depth",), dict(type=depths, default=(0,), help="comma-separated KV depths (default: 0)")),
+    (("--batch",), dict(type=batches, default=(), help="comma-separated batch sizes, e.g. 1,2,4,8: decode steps of B sequences at once, each with its own KV cache at --depth (default: one sequence, with prefill)")),
     (("--window",), dict(type=positive_int, help="sliding window (default: the model's)")),
     (("-r", "--reps"), dict(type=positive_int, default=5, help="repetitions, interleaved across depths (default: %(default)s)")),
     (("--plot",), dict(metavar="FILE.png", help="plot ms/token vs depth and achieved vs attainable GB/s")),

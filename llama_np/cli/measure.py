@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from arch import ConfigError, load_config
 from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
-from bench.sol import Estimate, Prediction, estimate, to_json
+from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
 from llama_np.errors import LlamaNpError, UsageError
 from quant.host import usable_cores
 
@@ -49,7 +49,8 @@ def cmd_sol(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         e = estimate(config, args.weights, args.kv, args.pos, args.window, args.head,
-                     args.engine_layout, kernels=backend_name(args.kernels))  # fmt: skip
+                     args.engine_layout, kernels=backend_name(args.kernels),
+                     batch=args.batch)  # fmt: skip
     except ConfigError as err:
         raise UsageError(str(err)) from None
     device = device_of(args)
@@ -77,25 +78,35 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str
         if e.engine
         else "the formats' own sizes"
     )
+    per = "token" if e.batch == 1 else "step"
+    batch = "" if e.batch == 1 else f"a batch of {e.batch} sequences, each at "
     lines = [
-        f"{e.config.name}: weights {e.weights}{head}, kv {e.kv}, position {e.pos}, "
+        f"{e.config.name}: weights {e.weights}{head}, kv {e.kv}, {batch}position {e.pos}, "
         f"attends to {e.n_keys} keys; bytes as {layout}",
         f"  parameters       {e.params_total / 1e6:12.1f} M total, "
         f"{e.params_active / 1e6:.1f} M read per token",
-        f"  bytes per token  {e.bytes_per_token / 1e6:12.2f} MB "
+        f"  bytes per {per:5s}  {e.bytes_per_token / 1e6:12.2f} MB "
         f"(weights {e.weight_bytes / 1e6:.2f}, KV {e.kv_bytes / 1e6:.2f})",
         *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items()),
-        f"  FLOPs per token  {e.flops / 1e9:12.3f} GFLOP "
+        f"  FLOPs per {per:5s}  {e.flops / 1e9:12.3f} GFLOP "
         f"({e.flops / e.bytes_per_token:.2f} FLOP/byte)",
     ]
+    if e.config.n_experts > 1:
+        c = e.config
+        lines.append(f"  experts read     {experts_read(c, e.batch):12.2f} per layer "
+                     f"(of {c.n_experts}; {c.experts_per_token} per token)")  # fmt: skip
     if pred and device:
         lines += [
             f"  device           {device.title}: {device.bandwidth / 1e9:g} GB/s, "
             f"{(pred.peak_flops or 0) / 1e12:g} TFLOPS  [{device.source}]",
-            f"  speed of light   {pred.ms_per_token:.3f} ms/token ({pred.tokens_per_s:.1f} tok/s), "
-            f"{pred.bound}-bound "
+            f"  speed of light   {pred.ms_per_token:.3f} ms/{per} "
+            f"({e.batch * pred.tokens_per_s:.1f} tok/s), {pred.bound}-bound "
             f"(memory {pred.memory_ms:.3f} ms, compute {pred.compute_ms:.3f} ms)",
         ]
+        if pred.peak_flops:
+            ridge = e.ridge_batch(pred.bandwidth_bytes_per_s, pred.peak_flops)
+            lines.append(f"  ridge batch B*   {ridge:12.1f} sequences at this depth: "
+                         "compute-bound beyond")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -118,7 +129,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with bench_model(args, threads) as model:
         window = args.window if args.window is not None else model.config.sliding_window
         s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
-                     profile=args.profile)  # fmt: skip
+                     profile=args.profile, batch=args.batch)  # fmt: skip
         probe = probe_for(threads)
         dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
         rows = run(dec, s, probe, device)
@@ -126,7 +137,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         from bench import report
 
-        report.plot(rows, args.plot, title=f"{model.name}, {threads} threads")
+        draw = report.plot_batch if args.batch else report.plot
+        draw(rows, args.plot, title=f"{model.name}, {threads} threads")
         print(f"llama-np: wrote {args.plot}", file=sys.stderr)
     return 0
 

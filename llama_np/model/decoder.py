@@ -9,7 +9,7 @@ import numpy as np
 from arch import ROLES, Config
 from bench.meter import Meter
 from bench.runner import Variant
-from llama_np.model.kvcache import KVCache
+from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer, Weights
 
 
@@ -56,3 +56,16 @@ class Decoder:
 
     def step(self, token: int) -> None:
         self.model.forward(np.array([token % self.model.config.vocab_size]), self.cache)
+
+    def start_batch(self, depth: int, batch: int) -> None:
+        """`batch` sequences at `depth`: one cache filled at random, copied to the others
+        (refused, before any allocation, when they cannot all fit in memory)."""
+        self.cache, self.caches = None, []
+        capacity = depth + self.capacity
+        check_batch_fits(self.model, batch, capacity, self.window, self.kv)
+        first = self.model.new_cache(capacity, self.window, self.kv)
+        first.fill_random(depth, self.rng)
+        self.caches = [first] + [first.copy() for _ in range(batch - 1)]
+
+    def step_batch(self, tokens: np.ndarray) -> None:
+        self.model.step_batch(tokens % self.model.config.vocab_size, self.caches)

@@ -15,7 +15,7 @@ import numpy as np
 
 from arch import Config
 from llama_np.errors import UsageError
-from quant.kv import kv_store_class
+from quant.kv import TILE, kv_store_class
 
 
 def physical_memory() -> int:
@@ -23,6 +23,25 @@ def physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 1 << 62  # unknown: do not refuse
+
+
+def cache_nbytes(config: Config, capacity: int, window: int | None, fmt: str) -> int:
+    """Bytes a cache of this capacity (or window) takes once full."""
+    slots = window if window is not None else capacity
+    slot = kv_store_class(fmt).slot_nbytes(config.n_kv_heads, config.head_dim)
+    return 2 * config.n_layers * slots * slot
+
+
+def check_batch_fits(model, batch: int, capacity: int, window: int | None, fmt: str) -> None:
+    """Refuse, before anything is allocated, `batch` caches that cannot all fit in memory
+    (the weights included)."""
+    need = batch * cache_nbytes(model.config, capacity, window, fmt) + model.weights.nbytes
+    if need > physical_memory():
+        raise UsageError(
+            f"{batch} sequences of {capacity:,} positions need {need / 1e9:.1f} GB with the "
+            f"weights, more than this machine's {physical_memory() / 1e9:.1f} GB; lower the "
+            "batch, -n or -c/--ctx-size"
+        )
 
 
 class ContextFull(UsageError):
@@ -66,12 +85,13 @@ class KVCache:
         slots = window if window is not None else capacity
         store = kv_store_class(fmt)
         shape = (config.n_kv_heads, slots, config.head_dim)
-        need = 2 * config.n_layers * slots * store.slot_nbytes(config.n_kv_heads, config.head_dim)
+        need = cache_nbytes(config, capacity, window, fmt)
         if need > physical_memory():
             raise UsageError(
                 f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
                 "machine's memory; lower -c/--ctx-size or set --window"
             )
+        self.config, self.tiled_keys = config, tiled_keys
         self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
         self.v = [store(*shape) for _ in range(config.n_layers)]
         # per layer, the stores' arrays as a compiled kernel takes them
@@ -178,6 +198,21 @@ class KVCache:
 
     def advance(self, t: int) -> None:
         self.pos += t
+
+    def copy(self) -> KVCache:
+        """A second cache holding the same positions (a prompt prefilled once, continued by
+        several sequences): only the slots written so far are copied."""
+        window = self.window
+        new = KVCache(self.config, self.capacity, window, self.fmt, self.tiled_keys)
+        used = min(self.pos, self.slots)
+        for src, dst in zip(self.k + self.v, new.k + new.v, strict=True):
+            for a, b in zip(src.arrays(), dst.arrays(), strict=True):
+                if src.tiled:
+                    b[:, : -(-used // TILE)] = a[:, : -(-used // TILE)]
+                else:
+                    b[:, :used] = a[:, :used]
+        new.pos = self.pos
+        return new
 
     @property
     def nbytes(self) -> int:

@@ -46,6 +46,15 @@ class Seam:
         self.meter.write("kv_cache", written)
         return out
 
+    def attention_batch(
+        self, qkv: np.ndarray, caches: list[KVCache], layer: int, rots: list[Rotary]
+    ) -> np.ndarray:
+        """One token of each of B sequences, each attending to its own cache:
+        (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
+        return np.concatenate(
+            [self.attention(qkv[b : b + 1], c, layer, rots[b]) for b, c in enumerate(caches)]
+        )
+
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
         self.meter.read(category, w.nbytes)

@@ -7,6 +7,7 @@ through the seam (llama_np.model.seam), which records the bytes it reads in the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,13 +153,41 @@ class Transformer:
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
         x = k.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
-        for i, layer in enumerate(w.layers):
-            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)  # (T, q+2kv)
-            att = k.attention(qkv, cache, i, rot)  # (T, q_dim)
-            x = k.linear_add(x, layer.wo, att, ATTN)
-            gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
-            x = k.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
+        x = self._blocks(x, lambda qkv, i: k.attention(qkv, cache, i, rot))
         cache.advance(t)
         logits = k.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
         self.meter.end()
         return logits if all_logits else logits[-1]  # (T or 1, vocab)
+
+    def _blocks(self, x: np.ndarray, attend: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
+        """The decoder blocks on x (T, dim); `attend(qkv, layer)` -> (T, q_dim)."""
+        k = self.seam
+        for i, layer in enumerate(self.weights.layers):
+            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)  # (T, q+2kv)
+            att = attend(qkv, i)  # (T, q_dim)
+            x = k.linear_add(x, layer.wo, att, ATTN)
+            gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
+            x = k.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
+        return x
+
+    def step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
+        """One decode step of B sequences at once: tokens[b] continues the sequence held in
+        caches[b], each at its own position. Every weight matrix is read once for all B
+        (one product of B vectors); attention reads each sequence's own cache.
+        tokens (B,) -> logits (B, vocab)"""
+        if len(tokens) != len(caches) or not len(caches):
+            raise ValueError(f"{len(tokens)} tokens for {len(caches)} caches")
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._step_batch(np.asarray(tokens), caches)
+
+    def _step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
+        w, k = self.weights, self.seam
+        self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
+        x = k.embed(w.embed, tokens)  # (B, dim)
+        rots = [self.ops.rotary(np.array([c.pos]), self.inv_freq) for c in caches]
+        x = self._blocks(x, lambda qkv, i: k.attention_batch(qkv, caches, i, rots))
+        for c in caches:
+            c.advance(1)
+        logits = k.norm_linear(x, w.norm, w.lm_head, HEAD)  # (B, vocab)
+        self.meter.end()
+        return logits

@@ -26,11 +26,14 @@ from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from ..errors import QuantError
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import GGML_FORMATS, GGMLWeight
-from . import dequant, ggml, matvec
+from . import dequant, ggml, matmat, matvec
 from .matvec import GROUP
 
 # Weights dequantized per tile in prefill: a 4 MiB float32 tile stays in the L2/L3 caches.
 TILE_WEIGHTS = 1 << 20
+# Up to this many vectors (a batch of sequences' decode step, a short prompt) a product runs
+# the parallel batched kernels (matmat.py); more run dequantized tiles through BLAS sgemm.
+BATCH = 64
 
 
 def to_groups(a: np.ndarray, per_block: int) -> np.ndarray:
@@ -93,6 +96,17 @@ class CF32Weight(CompiledMatrix, F32Weight):
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
         matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
 
+    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matmat.matmat_f32(self.w, x, out)
+
+    def matmul_rows(
+        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
+    ) -> None:
+        if x.shape[0] <= BATCH and (r0, r1) == (0, self.shape[0]):
+            self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
+        else:
+            super().matmul_rows(x, r0, r1, out, work)
+
 
 class CF16Weight(CompiledMatrix, F16Weight):
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
@@ -122,8 +136,12 @@ def grouped_dequantize(w, r0: int, r1: int | None) -> np.ndarray:
 
 
 def grouped_matmul(w, x: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W.T tile by tile: groups of rows dequantized into a float32 buffer, then
-    one sgemm each."""
+    """out = x @ W.T: for a batch of up to BATCH vectors, one parallel kernel (matmat.py);
+    for more, tile by tile: groups of rows dequantized into a float32 buffer, then one
+    sgemm each."""
+    if x.shape[0] <= BATCH:
+        w.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
+        return
     rows, cols = w.shape
     groups = -(-rows // GROUP)
     per_tile = max(1, TILE_WEIGHTS // (GROUP * cols))
@@ -199,6 +217,9 @@ class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
+    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        matmat.matmat_q8_0(self.codes, self.scales, x, out)
+
 
 class CompiledNibbleWeight(CompiledBlockWeight):
     """q4_0 and q4_1 share one kernel: q4_0 is q4_1 with m = -8 d."""
@@ -215,6 +236,10 @@ class CompiledNibbleWeight(CompiledBlockWeight):
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         mins, factor = self._mins()
         dequant.dequant_q4(self.codes, self.scales, mins, factor, g0, g1, out)
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        mins, factor = self._mins()
+        matmat.matmat_q4(self.codes, self.scales, mins, factor, x, out)
 
 
 class CQ4_0Weight(CompiledNibbleWeight, Q4_0Weight):
@@ -268,6 +293,10 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         lay = self.layout
         ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        lay = self.layout
+        matmat.matmat_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, out)
 
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
@@ -338,6 +367,10 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
         mins = self.scales if self.mins is None else self.mins
         dequant.dequant_q5(self.codes, self.scales, mins, self.mins is not None, self.bits,
                            g0, g1, out)  # fmt: skip
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        mins = self.scales if self.mins is None else self.mins
+        matmat.matmat_q5(self.codes, self.scales, mins, self.mins is not None, self.bits, x, out)
 
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
