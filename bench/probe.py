@@ -79,11 +79,13 @@ class Probe:
     compiled_q_gflops: float = 0.0  # ... on q8_0 weights: dequantization, then the same
     compiled_q_runs: list[float] = field(default_factory=list)
 
-    def peak_flops(self, backend: str, weights: str) -> float:
+    def peak_flops(self, backend: str, weights: str, batch: int = 1) -> float:
         """FLOP/s of the arithmetic the kernels of `backend` run on these weights: BLAS
-        sgemm for NumPy's, the compiled batch kernel (with its dequantization, for a
-        quantized format) for numba's. Probes made before these ceilings: sgemm's."""
-        if backend == "numba" and self.compiled_gflops:
+        sgemm for NumPy's; for numba's batched steps (batch > 1), the compiled batch kernel
+        (with its dequantization, for a quantized format). A compiled single-sequence step
+        runs fused matvec kernels whose arithmetic is not probed on its own: sgemm's, as
+        for probes made before these ceilings."""
+        if backend == "numba" and batch > 1 and self.compiled_gflops:
             return 1e9 * (self.compiled_gflops if weights == "f32" else self.compiled_q_gflops)
         return 1e9 * self.sgemm_gflops
 

@@ -193,7 +193,7 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     )  # fmt: skip
     if probe is not None:
         tier, bw = probe.attainable(est.bytes_per_token)
-        peak = probe.peak_flops(f.backend, weights_label(f.weights))
+        peak = probe.peak_flops(f.backend, weights_label(f.weights), batch)
         pred = est.predict(bw, peak)
         row.tier, row.attainable_gbs = tier, bw / 1e9
         row.pct_attainable = 100 * gbs * 1e9 / bw

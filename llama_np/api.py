@@ -18,13 +18,14 @@ import numpy as np
 
 from arch import Config
 from llama_np.errors import LlamaNpError, UsageError
+from llama_np.generation.batch import BatchStats, generate_batch
 from llama_np.generation.generate import Stats, generate
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.io.hub import DEFAULT_MODEL, MODELS, resolve_model
 from llama_np.io.source import open_source
 from llama_np.io.tokenizer import Tokenizer
 from llama_np.model.build import build_weights
-from llama_np.model.kvcache import KVCache
+from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer
 from quant.backends import Backend, BackendUnavailable, get_backend, numpy_backend
 from quant.host import usable_cores
@@ -123,6 +124,41 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, **kwargs: Any) -> str:
         """The whole generated text at once; same arguments as `stream`."""
         return "".join(self.stream(prompt, n_predict, **kwargs))
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        n_predict: int = 128,
+        *,
+        stop: Sequence[str] = (),
+        ctx: int | None = None,
+        window: int | None = None,
+        kv: str = "f32",
+        stats: BatchStats | None = None,
+        **sampling: Any,
+    ) -> list[str]:
+        """The text after each prompt, the sequences decoded together (one step of all of
+        them at a time, each weight read once per step). Sequence i samples with seed
+        `seed + i` when a seed is given, so it gives exactly what `generate(prompts[i],
+        seed=seed + i)` gives (greedy: what it gives alone). The same prompt given N times
+        is prefilled once and its cache copied."""
+        if not prompts:
+            raise UsageError("no prompts")
+        if any(isinstance(p, str) and not p for p in prompts):
+            raise UsageError("a prompt is empty")
+        ids = [self.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+        capacity = ctx or self.config.max_seq_len
+        check_batch_fits(self.model, len(ids), capacity, window, kv)
+        shared = len(ids) > 1 and all(i == ids[0] for i in ids)
+        caches = [self.new_cache(ctx, window, kv) for _ in ids[: 1 if shared else len(ids)]]
+        caches += [caches[0]] * (len(ids) - len(caches))  # replaced by copies after prefill
+        seed = sampling.pop("seed", None)
+        samplers = [
+            Sampler(SamplerSettings(**sampling, seed=None if seed is None else seed + i))
+            for i in range(len(ids))
+        ]
+        return generate_batch(self.model, self.tokenizer, ids, caches, samplers, n_predict,
+                              stop, stats, shared)  # fmt: skip
 
 
 def load(

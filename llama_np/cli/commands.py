@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from llama_np.cli.measure import device_of
 from llama_np.errors import UsageError
 
@@ -86,6 +88,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from llama_np.generation.chat import ChatSession
     from llama_np.generation.generate import Stats
 
+    if args.prompts is not None or args.parallel > 1:
+        return generate_many(args)
     if args.file is not None:
         prompt = read_text(args.file, "prompt file")
     elif args.prompt is not None:
@@ -103,6 +107,52 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stream_out(llm.stream(prompt, args.n_predict, stats=stats, **opts, **sampling(args)))
         print(summary_line(stats, args, llm.kernels), file=sys.stderr)
     return 0
+
+
+def generate_many(args: argparse.Namespace) -> int:
+    """`generate -np N` (N completions of one prompt) or `--prompts FILE` (one per line):
+    the sequences decoded together, each text under a header on stdout."""
+    from llama_np.generation.batch import BatchStats
+
+    if args.chat:
+        raise UsageError("--chat takes one prompt: leave out -np and --prompts")
+    if args.prompts is not None:
+        if args.prompt is not None or args.file is not None:
+            raise UsageError("give --prompts FILE or -p/-f, not both")
+        prompts = [line for line in read_text(args.prompts, "prompts file").splitlines() if line]
+        if not prompts:
+            raise UsageError(f"{args.prompts} holds no prompt (one per line)")
+        prompts = [p for p in prompts for _ in range(args.parallel)]
+    elif args.file is not None or args.prompt is not None:
+        one = read_text(args.file, "prompt file") if args.file is not None else args.prompt
+        prompts = [one] * args.parallel
+    else:
+        raise UsageError("give a prompt with -p TEXT, -f FILE or --prompts FILE")
+    with load_model(args) as llm:
+        stats = BatchStats()
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv)
+        texts = llm.generate_batch(prompts, args.n_predict, stats=stats, **opts,
+                                   **(sampling(args) | {"seed": seed}))  # fmt: skip
+        for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+            print(f"=== sequence {i + 1}/{len(texts)} (seed {seed + i}): {prompt[:60]!r}")
+            print(text)
+        print(batch_summary(stats, seed, llm.kernels), file=sys.stderr)
+    return 0
+
+
+def batch_summary(stats, seed: int, kernels: str) -> str:
+    reasons: dict[str, int] = {}
+    for r in stats.stop_reasons:
+        reasons[r] = reasons.get(r, 0) + 1
+    stops = ", ".join(f"{k} {v}" for k, v in reasons.items())
+    return (
+        f"llama-np: {stats.sequences} sequences, prompts {stats.prompt_tokens} tokens, prefill "
+        f"{stats.prompt_tokens / stats.prefill_s:.1f} tok/s | generated {stats.generated} "
+        f"tokens in {stats.steps} steps, {stats.ms_per_step:.2f} ms/step, decode "
+        f"{stats.tok_s:.1f} tok/s (all sequences) | {kernels} | stop: {stops}, seeds "
+        f"{seed}..{seed + stats.sequences - 1}"
+    )
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

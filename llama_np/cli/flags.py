@@ -115,6 +115,8 @@ GENERATE_ARGS = [
     *SAMPLING_ARGS,
     (("--stop",), dict(action="append", default=[], metavar="TEXT", help="stop when TEXT is generated; repeatable")),
     (("--chat",), dict(action="store_true", help="wrap the prompt in the model's chat template")),
+    (("-np", "--parallel"), dict(type=positive_int, default=1, help="N sequences from each prompt, decoded together (a shared prompt is prefilled once); sequence i samples with --seed + i (default: %(default)s)")),
+    (("--prompts",), dict(metavar="FILE", help="one prompt per line, the sequences decoded together")),
     *CHAT_ARGS,
     *DEVICE_ARGS,
 ]

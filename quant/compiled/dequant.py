@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import f16, hi4, i8, kernel, lo4
+from .jit import f16, hi4, kernel, lo4, mul16_i8
 from .matvec import GROUP
 
 
@@ -25,16 +25,19 @@ def dequant_f16(bits, out):
 
 @kernel
 def dequant_q8_0(codes, scales, g0, g1, out):
-    """Groups g0:g1 of a grouped q8_0 matrix -> out (GROUP * (g1 - g0), cols): x = d q"""
-    nb = scales.shape[1] // GROUP
+    """Groups g0:g1 of a grouped q8_0 matrix -> out (GROUP * (g1 - g0), cols) C-contiguous:
+    x = d q. Sixteen codes per instruction (mul16_i8): the plain loop over out[row, j]
+    compiled to one scalar conversion and multiply per weight (0.8 ns)."""
+    nb, cols = scales.shape[1] // GROUP, out.shape[1]
     for g in range(g0, g1):
-        q, s = codes[g], scales[g]
+        s = scales[g]
         for b in range(nb):
             for i in range(GROUP):
                 d = f16(s[GROUP * b + i])
-                row = GROUP * (g - g0) + i
-                for j in range(32):
-                    out[row, 32 * b + j] = d * i8(q[128 * b + 32 * i + j])
+                at = (GROUP * (g - g0) + i) * cols + 32 * b
+                src = (g * nb * GROUP + GROUP * b + i) * 32
+                mul16_i8(out, at, d, codes, src)
+                mul16_i8(out, at + 16, d, codes, src + 16)
 
 
 @kernel

@@ -287,6 +287,27 @@ def _fma_lanes(kind: str):
     return intrinsic(fma16)
 
 
+def _mul_lanes(kind: str):
+    def mul16(typingctx, dst, at, a, src, offset):
+        """dst.flat[at:at + 16] = a * src.flat[offset:offset + 16]: `a` a float32, src
+        int8 codes (or float16 bits, float32), by `kind`. Arrays must be C-contiguous."""
+
+        def codegen(context, builder, sig, args):
+            dst_ary = context.make_array(sig.args[0])(context, builder, args[0])
+            f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+            dst_ptr = builder.bitcast(builder.gep(dst_ary.data, [args[1]]), f32x16)
+            src_ary = context.make_array(sig.args[3])(context, builder, args[3])
+            src = _lanes(builder, src_ary, args[4], kind)
+            builder.store(builder.fmul(_splat(builder, args[2]), src), dst_ptr, align=4)
+
+        return types.void(dst, types.intp, a, src, types.intp), codegen
+
+    mul16.__name__ = f"mul16_{kind}"
+    return intrinsic(mul16)
+
+
+mul16_i8 = _mul_lanes("i8")  # dst[at:at + 16] = a * int8 codes[offset:offset + 16]
+
 fma16 = _fma_lanes("f32")  # acc[at:at + 16] += a * src[offset:offset + 16]
 fma16_f16 = _fma_lanes("f16")  # ... with src float16 bits
 fma16_i8 = _fma_lanes("i8")  # ... with src int8 codes

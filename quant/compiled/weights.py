@@ -218,7 +218,7 @@ class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matmat.matmat_q8_0(self.codes, self.scales, x, out)
+        matmat.matmat_q8_0(self.codes, self.scales, x, out, matmat.scratch_for(x.shape[1]))
 
 
 class CompiledNibbleWeight(CompiledBlockWeight):
@@ -239,7 +239,8 @@ class CompiledNibbleWeight(CompiledBlockWeight):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
         mins, factor = self._mins()
-        matmat.matmat_q4(self.codes, self.scales, mins, factor, x, out)
+        matmat.matmat_q4(self.codes, self.scales, mins, factor, x, out,
+                         matmat.scratch_for(x.shape[1]))  # fmt: skip
 
 
 class CQ4_0Weight(CompiledNibbleWeight, Q4_0Weight):
@@ -296,7 +297,8 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
         lay = self.layout
-        matmat.matmat_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, out)
+        matmat.matmat_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, out,
+                           matmat.scratch_for(x.shape[1]))  # fmt: skip
 
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
@@ -370,7 +372,8 @@ class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
         mins = self.scales if self.mins is None else self.mins
-        matmat.matmat_q5(self.codes, self.scales, mins, self.mins is not None, self.bits, x, out)
+        matmat.matmat_q5(self.codes, self.scales, mins, self.mins is not None, self.bits, x,
+                         out, matmat.scratch_for(x.shape[1]))  # fmt: skip
 
     def matmul_rows(
         self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
