@@ -88,3 +88,41 @@ def test_user_devices_and_peaks(tmp_path):
     assert get_device("rtx-4090", peak_gbs=500).bandwidth == 500e9
     with pytest.raises(DeviceError, match="unknown device 'gpu-9000'"):
         get_device("gpu-9000")
+
+
+def test_a_batch_reads_weights_once_and_kv_per_sequence():
+    from arch import load_config
+
+    c = load_config("llama-2-7b")
+    one = estimate(c, "f16", pos=99)
+    eight = estimate(c, "f16", pos=99, batch=8)
+    assert (
+        eight.weight_bytes - eight.reads["embedding"] == one.weight_bytes - one.reads["embedding"]
+    )
+    assert eight.kv_bytes == 8 * one.kv_bytes and eight.flops == 8 * one.flops
+    assert eight.reads["embedding"] == 8 * one.reads["embedding"]
+
+
+def test_ridge_batch_is_where_the_two_terms_meet():
+    from arch import load_config
+
+    c = load_config("llama-2-7b")
+    bw, peak = 2039e9, 312e12  # A100 80GB SXM, fp16 tensor cores
+    ridge = estimate(c, "f16", pos=0).ridge_batch(bw, peak)
+    assert 140 < ridge < 170  # finbarr's ~161 for an A100 in fp16
+    at = estimate(c, "f16", pos=0, batch=round(ridge)).predict(bw, peak)
+    assert at.memory_ms == pytest.approx(at.compute_ms, rel=0.01)
+    deep = estimate(c, "f16", pos=4000)  # the KV read per sequence moves the ridge out
+    assert deep.ridge_batch(bw, peak) > ridge
+
+
+def test_batching_a_mixture_of_experts_first_adds_bytes():
+    from arch import load_config
+    from bench.sol import experts_read
+
+    c = load_config("mixtral-8x7b")
+    assert experts_read(c, 1) == pytest.approx(2.0)
+    assert experts_read(c, 8) == pytest.approx(8 * (1 - 0.75**8))
+    assert experts_read(c, 1000) == pytest.approx(8.0)
+    b1, b8 = estimate(c, "f16"), estimate(c, "f16", batch=8)
+    assert b8.reads["mlp_weights"] > 3 * b1.reads["mlp_weights"]

@@ -12,7 +12,7 @@ import pytest
 from quant import FORMATS as NUMPY
 from quant.backends import numba_backend
 from quant.compiled import FORMATS as COMPILED
-from quant.compiled import attention, dequant, matvec, ops
+from quant.compiled import attention, dequant, matmat, matvec, ops
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
 from tests.helpers import fits, make_weight
@@ -57,6 +57,26 @@ def test_products_equal_the_numpy_kernels_within_float32_rounding(fmt, shape):
     ya, yb = a.matmul(x), b.matmul(x)
     assert yb.dtype == np.float32 and yb.shape == (6, shape[0])
     assert (np.abs(ya - yb) <= tol).all()
+
+
+BATCH_CASES = [(f, s) for f, s in CASES if s[0] in (5, 17, 33)]
+BATCH_IDS = [f"{f}-{r}x{c}" for f, (r, c) in BATCH_CASES]
+
+
+@pytest.mark.parametrize("batch", [2, 3, 5, 17, 64, 65])
+@pytest.mark.parametrize(
+    ("fmt", "shape"), BATCH_CASES, ids=[f"{f}-{r}x{c}" for f, (r, c) in BATCH_CASES]
+)
+def test_batch_products_equal_the_numpy_kernels(fmt, shape, batch):
+    """The batch kernels (matmat.py: 4 rows x 4 vectors per tile, up to 64 vectors; 65
+    runs tiles through sgemm) on rows and vectors that are not multiples of the tile."""
+    a, b = pair(fmt, shape, seed=3)
+    x = np.random.default_rng(batch).standard_normal((batch, shape[1])).astype(np.float32)
+    dq = np.abs(a.dequantize()).astype(np.float64)
+    tol = 1e-5 * (np.abs(x) @ dq.T) + 1e-30
+    yb = b.matmul(x)
+    assert yb.dtype == np.float32 and yb.shape == (batch, shape[0])
+    assert (np.abs(a.matmul(x) - yb) <= tol).all()
 
 
 def test_block_formats_cost_their_own_bits_in_memory():
@@ -201,7 +221,7 @@ def test_exp_is_within_two_ulp():
 
 KERNELS = [  # helpers inlined into these (inline="always") are checked as part of them
     getattr(module, name)
-    for module in (matvec, dequant, attention, ops)
+    for module in (matvec, matmat, dequant, attention, ops)
     for name in dir(module)
     if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     and getattr(module, name).__module__ == module.__name__
