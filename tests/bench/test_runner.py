@@ -42,12 +42,15 @@ def test_probe_tiers():
 
 @pytest.mark.slow  # sweeps working sets up to 32 MiB: ~10 s
 def test_probe_measures_and_caches(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_NP_CACHE", str(tmp_path))
+    monkeypatch.setattr(probe_mod, "cache_dir", lambda: tmp_path)  # kernels: the usual cache
     monkeypatch.setattr(Caches, "read", classmethod(lambda cls: Caches(512 << 10, 4 * MIB, 2)))
     p = probe_mod.run_probe(2, progress=False)  # sizes up to 32 MiB here: a few seconds
     assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
     assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
+    for best, runs in ((p.sgemm_gflops, p.sgemm_runs), (p.compiled_gflops, p.compiled_runs),
+                       (p.compiled_q_gflops, p.compiled_q_runs)):  # fmt: skip
+        assert best == max(runs) > 1 and 1 <= len(runs) <= 8
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
 
