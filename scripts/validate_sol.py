@@ -6,6 +6,11 @@ and a plot of predicted vs measured ms/token. Predictions use this machine's att
 bandwidth, probed afresh at the start (bandwidth drifts with the other tenants).
 
     .venv/bin/python scripts/validate_sol.py --out docs/validation
+    .venv/bin/python scripts/validate_sol.py --batch --out docs/batching   # the roofline's knee
+
+With --batch: decode steps of B = 1..64 sequences on TinyLlama-1.1B (f32, q8_0) and the real
+Qwen2.5-Coder-0.5B as stored, at depth 0 and 4096, each step held against max(bytes / the
+probed DRAM bandwidth, FLOPs / the probed ceiling of the arithmetic its kernels run).
 """
 
 from __future__ import annotations
@@ -50,6 +55,13 @@ SWEEPS = [
 ]
 
 
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+BATCH_SWEEPS = [
+    Sweep("synthetic:tinyllama-1.1b", "numba", ["f32", "q8_0"], (0, 4096)),
+    Sweep("qwen2.5-coder-0.5b", "numba", [None], (0, 4096)),
+]
+
+
 def sweep(sw: Sweep, weights: str | None, s: Settings, probe: Probe, threads: int) -> list[Row]:
     if sw.model.startswith("synthetic:"):
         m = synthetic_model(sw.model, weights, None, get_backend(sw.kernels)).start(threads)
@@ -60,7 +72,8 @@ def sweep(sw: Sweep, weights: str | None, s: Settings, probe: Probe, threads: in
         for window in sw.windows:
             for kv in sw.kv:
                 dec = Decoder(m, kv, window, capacity=s.prompt + s.n + 1)
-                settings = Settings(s.prompt, s.n, sw.depths, s.reps, s.warmup, window)
+                settings = Settings(s.prompt, s.n, sw.depths, s.reps, s.warmup, window,
+                                    batch=s.batch)  # fmt: skip
                 rows += run(dec, settings, probe)
     return rows
 
@@ -91,20 +104,23 @@ def main() -> None:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--render", action="store_true",
                     help="re-render OUT.md and OUT.png from OUT.json without measuring")  # fmt: skip
+    ap.add_argument("--batch", action="store_true",
+                    help=f"sweep batches {','.join(map(str, BATCHES))} instead (the roofline's knee)")  # fmt: skip
     args = ap.parse_args()
     out = Path(args.out)
     if args.render:
         saved = json.loads(out.with_suffix(".json").read_text())
         probe = Probe(**{**saved["probe"], "caches": Caches(**saved["probe"]["caches"])})
-        write(out, [Row(**r) for r in saved["rows"]], probe)
+        rows = [Row(**r) for r in saved["rows"]]
+        (write_batch if rows and rows[0].batched else write)(out, rows, probe)
         return
     threads = args.threads or usable_cores()
     print("validate_sol: probing this machine's bandwidth", file=sys.stderr)
     probe = run_probe(threads)
     save_probe(probe)
-    s = Settings(prompt=16, n=args.n, reps=args.reps)
+    s = Settings(prompt=16, n=args.n, reps=args.reps, batch=BATCHES if args.batch else ())
     rows: list[Row] = []
-    for sw in SWEEPS:
+    for sw in BATCH_SWEEPS if args.batch else SWEEPS:
         for weights in sw.weights:
             print(
                 f"validate_sol: {sw.model} {sw.kernels} {weights or 'as stored'}", file=sys.stderr
@@ -113,7 +129,45 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows]}
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
-    write(out, rows, probe)
+    (write_batch if args.batch else write)(out, rows, probe)
+
+
+def knee(r: Row) -> str:
+    """What the batch row shows against the roofline."""
+    ratio = r.measured_over_sol or float("nan")
+    side = "below" if r.batch <= (r.ridge_batch or 0) / 2 else "near" if r.batch < 4 * (
+        r.ridge_batch or 0) else "far above"  # fmt: skip
+    held = "holds" if ratio <= (1.25 if side == "below" else 1.5) else "off"
+    return f"{side} B* ({r.bound}-bound): {held}"
+
+
+def write_batch(out: Path, rows: list[Row], probe: Probe) -> None:
+    """The batch table, a verdict per row, and the step-time / tokens-per-second plot."""
+    tiers = ", ".join(f"{t} {bw / 1e9:.1f} GB/s" for t, bw in probe.tiers().items())
+    lines = [
+        "# Batching: where decode turns compute-bound",
+        "",
+        f"Machine: {probe.machine}. Attainable bandwidth (`llama-np probe`, at the start of "
+        f"this run): {tiers}. Arithmetic ceilings, best of runs until two agree within 10%: "
+        f"BLAS sgemm {probe.sgemm_gflops:.0f} GFLOPS, compiled batch kernel f32 "
+        f"{probe.compiled_gflops:.0f}, q8_0 (dequantize + multiply) {probe.compiled_q_gflops:.0f}. "
+        "Prediction per step: max(bytes / DRAM bandwidth, FLOPs / the ceiling of the "
+        "arithmetic the row's kernels run); B* the batch where the terms meet. Batch 1 runs "
+        "the fused matvec kernels (their compute term uses sgemm's ceiling). Command: "
+        "`scripts/validate_sol.py --batch --out docs/batching`.",
+        "",
+        report.markdown(rows),
+        "",
+        "| model | weights | depth | B | step ms | SOL ms | measured / SOL | B* | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [f"| {r.model} | {r.weights} | {r.depth} | {r.batch} | {r.step_ms:.1f} | "
+              f"{(r.sol_ms or 0):.1f} | {(r.measured_over_sol or 0):.2f} | "
+              f"{(r.ridge_batch or 0):.1f} | {knee(r)} |" for r in rows]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report.plot_batch(rows, out.with_suffix(".png"), probe.machine)
+    print(f"validate_sol: wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}",
+          file=sys.stderr)  # fmt: skip
 
 
 def write(out: Path, rows: list[Row], probe: Probe) -> None:
