@@ -178,7 +178,7 @@ def plot_batch(rows: list[Row], path: str | Path, title: str = "") -> None:
             a.plot(x, [r.sol_ms for r in rs], "--", color=line.get_color(), alpha=0.7)
             b.plot(x, [1e3 * r.batch / r.sol_ms for r in rs], "--", color=line.get_color(),
                    alpha=0.7)  # fmt: skip
-        ridge = rs[0].ridge_batch
+        ridge = rs[-1].ridge_batch  # the batched rows' (batch 1 runs other kernels)
         if ridge and ridge < float("inf"):
             for ax in (a, b):
                 ax.axvline(ridge, color=line.get_color(), linestyle=":", alpha=0.8)

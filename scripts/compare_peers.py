@@ -291,11 +291,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
     ap.add_argument("--md", help="also write the table to this file")
+    ap.add_argument("--batch", help="B1,B2,...: batched decode throughput against llama.cpp "
+                    "instead (scripts/peers_batch.py)")  # fmt: skip
+    ap.add_argument("--formats", default="f32,q8_0,stored",
+                    help="with --batch: llama-np formats, each against llama.cpp's (default: %(default)s)")  # fmt: skip
+    ap.add_argument("--steps", type=int, default=16, help="with --batch: timed steps per B")
     args = ap.parse_args()
     machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
     path = resolve_model(args.model)
     work = Path(args.work or path.parent / f"compare-{path.stem}")
     work.mkdir(parents=True, exist_ok=True)
+    if args.batch:
+        compare_batches(args, path, work, machine)
+        return
     text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
     with llama_np.load(path, threads=1) as llm:
         ids = llm.tokenize(text, bos=False)[:PROMPT_TOKENS]
@@ -313,6 +321,30 @@ def main() -> None:
         Path(args.md).write_text(head + text + "\n")
         raw = {"threads": args.threads, "rounds": results, "bytes_per_token": sizes}
         Path(args.md).with_suffix(".json").write_text(json.dumps(raw, indent=1))
+
+
+def compare_batches(args, path: Path, work: Path, machine: str) -> None:
+    import peers_batch
+
+    batches = [int(b) for b in args.batch.split(",")]
+    native = NATIVE.get(args.model, "native")
+    theirs = {"f32": "F32", "q8_0": "Q8_0", "stored": native}
+    formats = args.formats.split(",")
+    specs = [s for f in formats for s in (("llama-np", None if f == "stored" else f),
+                                          ("llama.cpp", theirs[f]))]  # fmt: skip
+    results = peers_batch.run(path, work, specs, args.threads, batches, args.rounds, args.steps)
+    names = list(results)
+    text = peers_batch.table(results, batches, list(zip(names[::2], names[1::2], strict=True)))
+    print(text)
+    if args.md:
+        cmd = (f"scripts/compare_peers.py -m {args.model} --batch {args.batch} --formats "
+               f"{args.formats} --rounds {args.rounds} --md {args.md}")  # fmt: skip
+        head = (f"# Batched decode against llama.cpp\n\nMachine: {machine}. Model: {path.name}. "
+                f"{args.threads} threads, {peers_batch.PROMPT}-token prompt per sequence, "
+                f"{args.steps} timed steps per B, {args.rounds} interleaved rounds. Command: "
+                f"`{cmd}`.\n\n")  # fmt: skip
+        Path(args.md).write_text(head + text + "\n")
+        Path(args.md).with_suffix(".json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

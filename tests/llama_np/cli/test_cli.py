@@ -114,6 +114,17 @@ def test_help_documents_every_flag_with_its_default():
         (["generate", "-m", "{model}", "-f", "/nonexistent.txt"], 2, "cannot read the prompt file"),
         (["generate", "-m", "{model}", "-p", ""], 2, "empty"),
         (["generate", "-m", "{model}", "-p", "hello world", "-c", "3"], 2, "context size 3"),
+        (["generate", "-m", "{model}", "-p", "hi", "-np", "0"], 2, "-np/--parallel"),
+        (["generate", "-m", "{model}", "--prompts", "/nonexistent"], 2, "cannot read the prompts"),
+        (["generate", "-m", "{model}", "-p", "hi", "-np", "2", "--chat"], 2, "--chat takes one"),
+        (
+            ["generate", "-m", "{model}", "-p", "hi", "-np", "9999", "-c", "99999999"],
+            2,
+            "9999 sequences of",
+        ),
+        (["bench", "-m", "{model}", "--batch", "0,4"], 2, "batch sizes must be 1..4096"),
+        (["bench", "-m", "{model}", "--batch", "x"], 2, "comma-separated integers"),
+        (["sol", "--config", "llama-2-7b", "--batch", "0"], 2, "--batch"),
     ],
 )
 def test_bad_input_gets_one_line_and_a_status(gqa_dir, capsys, args, code, message):
@@ -147,3 +158,13 @@ def test_python_dash_m_works(gqa_dir):
     )
     assert r.returncode == 0, r.stderr
     assert "generated 3 tokens" in r.stderr
+
+
+def test_sol_batch_names_the_ridge(capsys):
+    assert main(["sol", "--config", "llama-2-7b", "--device", "a100-80gb-sxm", "--weights",
+                 "f16", "--batch", "64"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "a batch of 64 sequences" in out and "ms/step" in out
+    assert re.search(r"ridge batch B\*\s+1[456]\d\.\d", out)
+    assert main(["sol", "--config", "mixtral-8x7b", "--batch", "4", "--json"]) == 0
+    assert '"batch": 4' in capsys.readouterr().out

@@ -1,0 +1,141 @@
+"""`compare_peers.py --batch 4,16,64`: aggregate decode throughput of B sequences stepped
+together, llama-np against llama.cpp on the same file and threads.
+
+llama.cpp runs through llama-cpp-python's low-level API as llama-batched-bench does: one
+`llama_batch` holding B sequence ids, each with its own positions in one KV cache, every
+sequence's logits computed each step. llama-np runs `Transformer.step_batch` with a KV
+cache per sequence. Both prefill an 8-token prompt per sequence (not timed), then time
+each of `steps` decode steps; a row is the median step. Each engine lives in its own
+process (spawned, so neither thread pool disturbs the other), rounds interleaved.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = 8  # tokens per sequence, as in the figures llama-batched-bench is quoted with
+
+
+def tokens(b: int, step: int) -> list[int]:
+    return [(1000 + 37 * s + 11 * step) % 30000 for s in range(b)]
+
+
+class OursBatch:
+    def __init__(self, path: Path, weights: str | None, threads: int) -> None:
+        import llama_np
+
+        self.llm = llama_np.load(path, weights=weights, threads=threads, kernels="numba")
+        self.name = f"llama-np numba {weights or 'as stored'}"
+
+    def steps(self, b: int, n: int) -> list[float]:
+        llm = self.llm
+        caches = [llm.new_cache(PROMPT + n + 2) for _ in range(b)]
+        for s, c in enumerate(caches):
+            llm.model.forward(np.array(tokens(PROMPT, s)), c)
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            llm.model.step_batch(np.array(tokens(b, i)), caches)
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+class TheirsBatch:
+    def __init__(self, path: Path, label: str, threads: int, most: int, n: int) -> None:
+        import llama_cpp as lc
+
+        lc.llama_backend_init()
+        self.lc = lc
+        self.model = lc.llama_model_load_from_file(
+            str(path).encode(), lc.llama_model_default_params()
+        )
+        p = lc.llama_context_default_params()
+        p.n_ctx = most * (PROMPT + n + 8)
+        p.n_batch = p.n_ubatch = max(512, most * PROMPT)
+        p.n_seq_max = most
+        p.n_threads = p.n_threads_batch = threads
+        self.ctx = lc.llama_init_from_model(self.model, p)
+        self.batch = lc.llama_batch_init(max(512, most * PROMPT), 0, most)
+        self.name = f"llama.cpp {label}"
+
+    def _decode(self, entries: list[tuple[int, int, int]]) -> None:
+        """entries: (token, position, sequence); logits for every entry."""
+        bt = self.batch
+        for k, (tok, pos, seq) in enumerate(entries):
+            bt.token[k], bt.pos[k], bt.n_seq_id[k] = tok, pos, 1
+            bt.seq_id[k][0], bt.logits[k] = seq, True
+        bt.n_tokens = len(entries)
+        if self.lc.llama_decode(self.ctx, bt) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def steps(self, b: int, n: int) -> list[float]:
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+        self._decode([(t, i, s) for s in range(b) for i, t in enumerate(tokens(PROMPT, s))])
+        out = []
+        for i in range(n):
+            entries = [(t, PROMPT + i, s) for s, t in enumerate(tokens(b, i))]
+            t0 = time.perf_counter()
+            self._decode(entries)
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+def serve(conn, spec: tuple, path: Path, work: Path, threads: int, batches: list[int],
+          n: int) -> None:  # fmt: skip
+    from compare_peers import write_gguf
+
+    kind, arg = spec
+    if kind == "llama-np":
+        engine = OursBatch(path, arg, threads)
+    else:
+        native = arg not in ("F32", "Q8_0")
+        gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
+        engine = TheirsBatch(gguf, f"{arg} (as stored)" if native else arg, threads,
+                             max(batches), n)  # fmt: skip
+    conn.send(engine.name)
+    while conn.recv() == "round":
+        conn.send({b: 1e3 * statistics.median(engine.steps(b, n)) for b in batches})
+
+
+def run(path: Path, work: Path, pairs: list[tuple], threads: int, batches: list[int],
+        rounds: int, n: int) -> dict:  # fmt: skip
+    """{engine name: {B: [median step ms per round]}}"""
+    ctx = mp.get_context("spawn")
+    engines = []
+    for spec in pairs:
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=serve, args=(theirs, spec, path, work, threads, batches, n))
+        proc.start()
+        engines.append((ours.recv(), ours, proc))
+    results: dict = {name: {b: [] for b in batches} for name, _, _ in engines}
+    for r in range(rounds):
+        for name, conn, _ in engines[r % 2 :] + engines[: r % 2]:  # alternate who goes first
+            conn.send("round")
+            for b, ms in conn.recv().items():
+                results[name][b].append(ms)
+    for _, conn, proc in engines:
+        conn.send("stop")
+        proc.join()
+    return results
+
+
+def table(results: dict, batches: list[int], pairs: list[tuple[str, str]]) -> str:
+    lines = ["| engine | B | step ms (median of rounds; all) | tok/s | llama-np / llama.cpp "
+             "tok/s (median of per-round ratios) |", "|---|---:|---|---:|---:|"]  # fmt: skip
+    for ours, theirs in pairs:
+        for b in batches:
+            for name in (ours, theirs):
+                ms = results[name][b]
+                ratio = ""
+                if name == ours:
+                    per_round = [t / o for o, t in zip(ms, results[theirs][b], strict=True)]
+                    ratio = f"{statistics.median(per_round):.2f}"
+                runs = ", ".join(f"{m:.1f}" for m in ms)
+                lines.append(f"| {name} | {b} | {statistics.median(ms):.1f} ({runs}) | "
+                             f"{1e3 * b / statistics.median(ms):.1f} | {ratio} |")  # fmt: skip
+    return "\n".join(lines)
