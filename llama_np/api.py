@@ -147,10 +147,13 @@ class LLM:
         if any(isinstance(p, str) and not p for p in prompts):
             raise UsageError("a prompt is empty")
         ids = [self.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
-        capacity = ctx or self.config.max_seq_len
+        # each cache holds what its sequence needs (the longest prompt and n_predict), not
+        # the model's whole context, unless ctx says otherwise
+        capacity = ctx or min(self.config.max_seq_len, max(map(len, ids)) + n_predict)
         check_batch_fits(self.model, len(ids), capacity, window, kv)
         shared = len(ids) > 1 and all(i == ids[0] for i in ids)
-        caches = [self.new_cache(ctx, window, kv) for _ in ids[: 1 if shared else len(ids)]]
+        n_caches = 1 if shared else len(ids)
+        caches = [self.new_cache(capacity, window, kv) for _ in range(n_caches)]
         caches += [caches[0]] * (len(ids) - len(caches))  # replaced by copies after prefill
         seed = sampling.pop("seed", None)
         samplers = [

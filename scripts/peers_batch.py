@@ -51,9 +51,12 @@ class TheirsBatch:
 
         lc.llama_backend_init()
         self.lc = lc
-        self.model = lc.llama_model_load_from_file(
-            str(path).encode(), lc.llama_model_default_params()
-        )
+        mp = lc.llama_model_default_params()
+        # llama-cpp-python 0.3.36's weight repacking (the AMX buffers on Intel Xeons)
+        # segfaulted in the first llama_decode on the Xeon VM, Llama.eval included; without
+        # it llama.cpp multiplies the weights as stored.
+        mp.use_extra_bufts = False
+        self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
         p = lc.llama_context_default_params()
         p.n_ctx = most * (PROMPT + n + 8)
         p.n_batch = p.n_ubatch = max(512, most * PROMPT)
