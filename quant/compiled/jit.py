@@ -308,6 +308,39 @@ def _mul_lanes(kind: str):
 
 mul16_i8 = _mul_lanes("i8")  # dst[at:at + 16] = a * int8 codes[offset:offset + 16]
 
+
+def _nibble_lanes(high: bool):
+    def nib16(typingctx, dst, at, d, m, src, offset):
+        """dst.flat[at:at + 16] = d * q + m for q the low (or high) nibbles of the 16 bytes
+        src.flat[offset:offset + 16] (uint8). Arrays must be C-contiguous."""
+
+        def codegen(context, builder, sig, args):
+            dst_ary = context.make_array(sig.args[0])(context, builder, args[0])
+            src_ary = context.make_array(sig.args[4])(context, builder, args[4])
+            i8x16 = ir.VectorType(ir.IntType(8), LANES)
+            ptr = builder.bitcast(builder.gep(src_ary.data, [args[5]]), i8x16.as_pointer())
+            raw = builder.load(ptr, align=1)
+            if high:
+                q = builder.lshr(raw, ir.Constant(i8x16, [4] * LANES))
+            else:
+                q = builder.and_(raw, ir.Constant(i8x16, [15] * LANES))
+            f = builder.uitofp(q, ir.VectorType(ir.FloatType(), LANES))
+            value = builder.fadd(
+                builder.fmul(_splat(builder, args[2]), f), _splat(builder, args[3])
+            )
+            f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+            builder.store(value, builder.bitcast(builder.gep(dst_ary.data, [args[1]]), f32x16),
+                          align=4)  # fmt: skip
+
+        return types.void(dst, types.intp, d, m, src, types.intp), codegen
+
+    nib16.__name__ = "hi16" if high else "lo16"
+    return intrinsic(nib16)
+
+
+lo16 = _nibble_lanes(False)  # dst[at:at + 16] = d * (low nibbles of 16 bytes) + m
+hi16 = _nibble_lanes(True)  # ... the high nibbles
+
 fma16 = _fma_lanes("f32")  # acc[at:at + 16] += a * src[offset:offset + 16]
 fma16_f16 = _fma_lanes("f16")  # ... with src float16 bits
 fma16_i8 = _fma_lanes("i8")  # ... with src int8 codes
