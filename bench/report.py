@@ -106,9 +106,8 @@ def profile_table(row: Row) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
-    """ms/token against depth with the speed-of-light line, and achieved vs attainable
-    bandwidth per format. Needs matplotlib (pip install 'llama-np[plot]')."""
+def pyplot():
+    """matplotlib.pyplot without a display, or a one-line error naming the extra."""
     try:
         import matplotlib
 
@@ -116,6 +115,13 @@ def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("--plot needs matplotlib: pip install 'llama-np[plot]'") from None
+    return plt
+
+
+def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
+    """ms/token against depth with the speed-of-light line, and achieved vs attainable
+    bandwidth per format. Needs matplotlib (pip install 'llama-np[plot]')."""
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
@@ -157,13 +163,7 @@ def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
 def plot_batch(rows: list[Row], path: str | Path, title: str = "") -> None:
     """Step time and tokens/s against the batch, measured (solid) and the speed-of-light
     roofline (dashed), with the predicted ridge B* marked. Needs matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'llama-np[plot]'") from None
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     groups: dict[tuple, list[Row]] = {}
     for r in rows:

@@ -9,6 +9,10 @@ loaded x four rows. The weights cross the memory bus once; the dequantization is
 once per weight and step, and the multiply-adds B times: past the ridge point the
 arithmetic, not the bytes, sets the step time, which is what `llama-np bench --batch`
 measures against the speed-of-light model. f32 weights go straight to `gemm_tile`.
+
+One driver per format family, alike but for the dequantization kernel each calls by name
+(numba binds a global function when it compiles; passing it in as an argument would need
+numba's first-class function types, not tried here).
 """
 
 from __future__ import annotations

@@ -57,3 +57,26 @@ def test_render_redraws_table_and_plot_from_the_saved_rows(tmp_path):
     assert len(verdict_lines) == n + 2  # header, rule, one per row
     assert (tmp_path / "v.png").stat().st_size > 10_000
     assert md == (ROOT / "docs/validation.md").read_text()  # the published file is this render
+
+
+def test_batch_render_redraws_the_published_batching_table(tmp_path):
+    shutil.copy(ROOT / "docs/batching.json", tmp_path / "b.json")
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/validate_sol.py"), "--out", str(tmp_path / "b"),
+         "--render"],
+        check=True, capture_output=True, cwd=ROOT,
+    )  # fmt: skip
+    md = (tmp_path / "b.md").read_text()
+    assert md == (ROOT / "docs/batching.md").read_text()
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("batch", "ridge", "ratio", "verdict"),
+    [(2, 9.0, 1.2, "below B* (memory-bound): holds"), (2, 9.0, 1.4, "below B* (memory-bound): off"),
+     (16, 9.0, 1.4, "near B*"), (64, 9.0, 1.4, "far above B* (memory-bound): holds"),
+     (64, 9.0, 1.6, "far above B* (memory-bound): off")],
+)  # fmt: skip
+def test_each_batch_row_gets_its_side_of_the_ridge(batch, ridge, ratio, verdict):
+    r = row(batch=batch, batched=True, ridge_batch=ridge, measured_over_sol=ratio, bound="memory")
+    assert validate_sol.knee(r).startswith(verdict)
