@@ -73,9 +73,14 @@ class Running:
         return token
 
     def finish(self, reason: str) -> None:
+        """As `generate` ends: after a stop string nothing more; otherwise the decoder's
+        held-back bytes, which may themselves complete a stop string."""
         self.reason = reason
-        tail = self.stops.feed(self.decoder.flush())
-        self.text += tail if self.stops.hit else tail + self.stops.flush()
+        if reason != "stop":
+            tail = self.stops.feed(self.decoder.flush())
+            if self.stops.hit:
+                self.reason = "stop"
+            self.text += tail if self.stops.hit else tail + self.stops.flush()
         return None
 
 

@@ -131,7 +131,8 @@ def test_stop_strings_end_one_sequence_early(models):
         cut = free[0][3:5]  # a piece of the first text
         stats = BatchStats()
         texts = llm.generate_batch(["ab", "cd"], 16, temp=0, stop=[cut], stats=stats)
-    assert cut not in texts[0] and texts[1] == free[1]
+        alone = llm.generate("ab", 16, temp=0, stop=[cut])
+    assert cut not in texts[0] and texts[0] == alone and texts[1] == free[1]
     assert stats.stop_reasons == ["stop", "length"]
 
 
