@@ -123,29 +123,29 @@ def _decode_round(
     t0 = time.perf_counter()
     dec.prefill(rng.integers(0, 1000, s.prompt))
     prefill = s.prompt / (time.perf_counter() - t0)
-    times, steps = [], []
-    for i in range(s.n):
-        t0 = time.perf_counter()
-        dec.step(int(rng.integers(0, 1000)))
-        if i >= s.warmup:
-            times.append(time.perf_counter() - t0)
-            steps.append(dec.meter.last)
-    return prefill, 1e3 * sum(times) / len(times), steps
+    return (prefill, *_timed_steps(dec, s, lambda: dec.step(int(rng.integers(0, 1000)))))
 
 
 def _batch_round(
     dec: Decoder, s: Settings, depth: int, batch: int, rng: np.random.Generator
 ) -> tuple[float, float, list]:
     dec.start_batch(depth, batch)
+    return (
+        float("nan"),
+        *_timed_steps(dec, s, lambda: dec.step_batch(rng.integers(0, 1000, batch))),
+    )
+
+
+def _timed_steps(dec: Decoder, s: Settings, step: Callable[[], None]) -> tuple[float, list]:
+    """s.n decode steps: (mean ms of those after the warm-up, their meter steps)."""
     times, steps = [], []
     for i in range(s.n):
-        tokens = rng.integers(0, 1000, batch)
         t0 = time.perf_counter()
-        dec.step_batch(tokens)
+        step()
         if i >= s.warmup:
             times.append(time.perf_counter() - t0)
             steps.append(dec.meter.last)
-    return float("nan"), 1e3 * sum(times) / len(times), steps
+    return 1e3 * sum(times) / len(times), steps
 
 
 def run(

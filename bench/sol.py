@@ -154,7 +154,6 @@ def estimate(
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
     keys = store.read_nbytes(n_keys, s.n_kv_heads, s.head_dim, tiled)
     reads["kv_cache"] = batch * s.n_layers * (keys + n_keys * slot)
-    reads["embedding"] *= batch
     total, read, matmul = _parameters(s)
     flops = batch * (2 * matmul + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys)
     writes = batch * s.n_layers * 2 * slot
@@ -168,9 +167,9 @@ def _weight_reads(
     s: Config, plan: list[dict[str, str]], head: str, embed: str,
     nbytes: Callable[[str], Callable[[tuple[int, int]], int]], batch: int = 1,
 ) -> dict[str, int]:  # fmt: skip
-    """Bytes per meter category of everything but the KV cache: every matrix of every
-    layer (the experts the batch's tokens use, expected, and the router), the LM head, one
-    embedding row, norms."""
+    """Bytes per meter category of everything but the KV cache, for a step of `batch`
+    sequences: every matrix of every layer (the experts the batch's tokens use, expected,
+    and the router), the LM head, an embedding row per sequence, norms."""
     dims = layer_matrices(s)
     bias = 4 * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
 
@@ -184,7 +183,7 @@ def _weight_reads(
     reads["mlp_weights"] = round(sum(experts * layer_bytes(f, MLP_ROLES) for f in plan))
     reads["mlp_weights"] += router
     reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
-    reads["embedding"] = nbytes(embed)((1, s.dim))
+    reads["embedding"] = batch * nbytes(embed)((1, s.dim))
     reads["norms"] = 4 * s.dim * (2 * s.n_layers + 1)
     return reads
 

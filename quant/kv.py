@@ -119,6 +119,13 @@ class KVStore:
             )
         return self.decode([a[:, s0:s1] for a in self._arrays])
 
+    def copy_to(self, dst: KVStore, n: int) -> None:
+        """Slots 0..n-1 into `dst`, a store of the same format and layout (whole tiles when
+        tiled)."""
+        end = -(-n // TILE) if self.tiled else n
+        for a, b in zip(self._arrays, dst.arrays(), strict=True):
+            b[:, :end] = a[:, :end]
+
     def stored_nbytes(self, s0: int, s1: int) -> int:
         """Bytes the stored arrays hold for slots s0:s1: what loading them touches
         (whole tiles when tiled)."""

@@ -16,6 +16,7 @@ from llama_np.errors import UsageError
 
 if TYPE_CHECKING:  # the CLI imports the heavy modules only when a command runs
     from llama_np.api import LLM
+    from llama_np.generation.batch import BatchStats
     from llama_np.generation.generate import Stats
 
 
@@ -141,7 +142,7 @@ def generate_many(args: argparse.Namespace) -> int:
     return 0
 
 
-def batch_summary(stats, seed: int, kernels: str) -> str:
+def batch_summary(stats: BatchStats, seed: int, kernels: str) -> str:
     reasons: dict[str, int] = {}
     for r in stats.stop_reasons:
         reasons[r] = reasons.get(r, 0) + 1

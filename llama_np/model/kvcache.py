@@ -15,7 +15,7 @@ import numpy as np
 
 from arch import Config
 from llama_np.errors import UsageError
-from quant.kv import TILE, kv_store_class
+from quant.kv import kv_store_class
 
 
 def physical_memory() -> int:
@@ -202,15 +202,9 @@ class KVCache:
     def copy(self) -> KVCache:
         """A second cache holding the same positions (a prompt prefilled once, continued by
         several sequences): only the slots written so far are copied."""
-        window = self.window
-        new = KVCache(self.config, self.capacity, window, self.fmt, self.tiled_keys)
-        used = min(self.pos, self.slots)
+        new = KVCache(self.config, self.capacity, self.window, self.fmt, self.tiled_keys)
         for src, dst in zip(self.k + self.v, new.k + new.v, strict=True):
-            for a, b in zip(src.arrays(), dst.arrays(), strict=True):
-                if src.tiled:
-                    b[:, : -(-used // TILE)] = a[:, : -(-used // TILE)]
-                else:
-                    b[:, :used] = a[:, :used]
+            src.copy_to(dst, min(self.pos, self.slots))
         new.pos = self.pos
         return new
 

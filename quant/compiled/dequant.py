@@ -28,23 +28,23 @@ def dequant_q8_0(codes, scales, g0, g1, out):
     """Groups g0:g1 of a grouped q8_0 matrix -> out (GROUP * (g1 - g0), cols) C-contiguous:
     x = d q. Sixteen codes per instruction (mul16_i8): the plain loop over out[row, j]
     compiled to one scalar conversion and multiply per weight (0.8 ns)."""
-    nb, cols = scales.shape[1] // GROUP, out.shape[1]
+    nb, cols, width = scales.shape[1] // GROUP, out.shape[1], codes.shape[1]
     for g in range(g0, g1):
         s = scales[g]
         for b in range(nb):
             for i in range(GROUP):
                 d = f16(s[GROUP * b + i])
                 at = (GROUP * (g - g0) + i) * cols + 32 * b
-                src = (g * nb * GROUP + GROUP * b + i) * 32
+                src = g * width + (GROUP * b + i) * 32
                 mul16_i8(out, at, d, codes, src)
                 mul16_i8(out, at + 16, d, codes, src + 16)
 
 
 @kernel
 def dequant_q4(codes, scales, mins, factor, g0, g1, out):
-    """Groups g0:g1 of a grouped q4_0 / q4_1 matrix -> out (GROUP * (g1 - g0), cols),
-    C-contiguous:
-    x = d q + factor m  (q4_1: factor 1, m its minimum; q4_0: factor -8, m = d)"""
+    """Groups g0:g1 of a grouped q4_0 / q4_1 matrix -> out (GROUP * (g1 - g0), cols)
+    C-contiguous: x = d q + factor m (q4_1: factor 1, m its minimum; q4_0: factor -8,
+    m = d)."""
     nb, cols, width = scales.shape[1] // GROUP, out.shape[1], codes.shape[1]
     for g in range(g0, g1):
         s, mg = scales[g], mins[g]

@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llama_np
 from tests.helpers import VOCAB, build_hf_model, hf_logits
-
-pytest.importorskip("numba")
 
 # max |compiled - numpy| / max(1, max |logit|), by KV format: float32 rounding alone (f32),
 # or a last-bit difference rounded to a neighbouring float16 or q8_0 code and carried on.
