@@ -4,7 +4,9 @@
   float32 scales (quant.blocks); quantized kernels run on the process team.
 - numba: compiled kernels (quant.compiled), an optional extra (`pip install
   'llama-np[fast]'`). Block formats keep groups of 4 interleaved rows with float16 scales;
-  keys are stored in tiles of 16 slots.
+  keys are stored in tiles of 16 slots. Its decode products multiply q8_0, q4_0 and q4_1
+  by x rounded to int8 per block of 32, as llama.cpp does ("numba-int8",
+  quant.compiled.intdot), or by x in float32 ("numba-f32"); "numba" is DEFAULT_DOT.
 
 A backend decides the in-memory layout of every matrix (its Weight classes) and of the
 keys in the KV cache; the meter counts whatever that layout really occupies, and the
@@ -23,7 +25,9 @@ from . import parallel
 from .base import Matrix, Weight
 from .errors import QuantError
 
-KERNELS = ("auto", "numpy", "numba")
+KERNELS = ("auto", "numpy", "numba", "numba-int8", "numba-f32")
+# What "numba" (and "auto") multiply x as in the quantized decode products.
+DEFAULT_DOT = "f32"
 INSTALL_HINT = "pip install 'llama-np[fast]' (or pip install numba)"
 
 
@@ -38,6 +42,7 @@ class Backend:
     name: str  # "numpy" or "numba"
     formats: Mapping[str, type[Weight]]  # format name -> this backend's class
     tiled_keys: bool  # keys stored in tiles of 16 slots (quant.kv)
+    dot: str = "f32"  # x in decode products: "f32", or "int8" where a format has a kernel
 
     def weight_class(self, fmt: str) -> type[Weight]:
         try:
@@ -74,6 +79,8 @@ class Backend:
             blas = threadpool_limits(threads, user_api="blas")
             n = compiled.set_threads(threads)
             label = f"numba {compiled.threading_layer()}, {n} threads"
+            if any(w.dot == "int8" for m in matrices for w in m.leaves()):
+                label += f", int8 dot ({compiled.DOT_INSTRUCTION})"
             return parallel.Solo(label, blas.restore_original_limits)
         if any(w.fmt != "f32" for m in matrices for w in m.leaves()):
             blas = threadpool_limits(1, user_api="blas")  # the workers' BLAS too
@@ -99,29 +106,31 @@ def numba_importable() -> bool:
 
 
 @functools.cache
-def numba_backend() -> Backend:
+def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
     """The compiled backend, its kernels compiled (or loaded from the disk cache) for every
-    format now: a kernel that cannot be compiled on this CPU fails here, in one line."""
+    format now: a kernel that cannot be compiled on this CPU fails here, in one line.
+    `dot`: "int8" or "f32", what x is multiplied as in quantized decode products."""
     try:
         from . import compiled
     except ImportError as e:
         raise BackendUnavailable(f"--kernels numba needs numba ({e}): {INSTALL_HINT}") from None
     from .kv import KV_FORMATS
 
+    formats = compiled.INT8_FORMATS if dot == "int8" else compiled.FORMATS
     try:
-        compiled.warm_up(list(compiled.FORMATS), list(KV_FORMATS))
+        compiled.warm_up(formats, list(KV_FORMATS))
     except Exception as e:  # numba's compile errors have no common base class
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None
-    return Backend("numba", compiled.FORMATS, tiled_keys=True)
+    return Backend("numba", formats, tiled_keys=True, dot=dot)
 
 
 def get_backend(kernels: str = "auto") -> Backend:
     """ "auto": numba when it can be imported, else numpy."""
     if kernels == "numpy":
         return numpy_backend()
-    if kernels == "numba":
-        return numba_backend()
+    if kernels in ("numba", "numba-int8", "numba-f32"):
+        return numba_backend(kernels.removeprefix("numba-") if "-" in kernels else DEFAULT_DOT)
     if kernels == "auto":
         return numba_backend() if numba_importable() else numpy_backend()
     raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")

@@ -26,7 +26,7 @@ from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 from ..errors import QuantError
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import GGML_FORMATS, GGMLWeight
-from . import dequant, ggml, matmat, matvec
+from . import dequant, ggml, intdot, matmat, matvec
 from .matvec import GROUP
 
 # Weights dequantized per tile in prefill: a 4 MiB float32 tile stays in the L2/L3 caches.
@@ -395,3 +395,35 @@ FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls
     for cls in (CF32Weight, CF16Weight, CBF16Weight, CQ8_0Weight, CQ4_0Weight, CQ4_1Weight)
 } | {fmt: _compiled_ggml(fmt) for fmt in GGML_FORMATS}
+
+
+# --- int8 activations (intdot.py): the same layouts, decode products in integer lanes ---
+
+
+class CQ8_0Int8Weight(CQ8_0Weight):
+    dot = "int8"
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        intdot.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
+
+
+class CompiledNibbleInt8Weight(CompiledNibbleWeight):
+    dot = "int8"
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        mins, factor = self._mins()
+        intdot.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
+
+
+class CQ4_0Int8Weight(CompiledNibbleInt8Weight, Q4_0Weight):
+    pass
+
+
+class CQ4_1Int8Weight(CompiledNibbleInt8Weight, Q4_1Weight):
+    pass
+
+
+# The int8 backend's formats: those with an integer kernel, the others as FORMATS.
+INT8_FORMATS: dict[str, type[Weight]] = FORMATS | {
+    cls.fmt: cls for cls in (CQ8_0Int8Weight, CQ4_0Int8Weight, CQ4_1Int8Weight)
+}

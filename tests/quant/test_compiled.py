@@ -12,7 +12,7 @@ import pytest
 from quant import FORMATS as NUMPY
 from quant.backends import numba_backend
 from quant.compiled import FORMATS as COMPILED
-from quant.compiled import attention, dequant, matmat, matvec, ops
+from quant.compiled import attention, dequant, intdot, matmat, matvec, ops
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
 from tests.helpers import fits, make_weight
@@ -221,7 +221,7 @@ def test_exp_is_within_two_ulp():
 
 KERNELS = [  # helpers inlined into these (inline="always") are checked as part of them
     getattr(module, name)
-    for module in (matvec, matmat, dequant, attention, ops)
+    for module in (matvec, matmat, dequant, attention, ops, intdot)
     for name in dir(module)
     if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     and getattr(module, name).__module__ == module.__name__
@@ -251,7 +251,7 @@ def test_no_float64_arithmetic_in_a_kernel(kernel):
     """Compiled anew (the disk cache hides the code) for each signature the backend used,
     a kernel's LLVM code, parallel bodies included, computes nothing in double precision:
     a Python float argument arrives as double and is converted once, nothing else."""
-    numba_backend()  # every kernel has been compiled for its signatures
+    numba_backend("f32"), numba_backend("int8")  # every kernel compiled for its signatures
     assert kernel.signatures, "never compiled"
     options = dict(fastmath=FASTMATH, inline="never", nogil=True)
     if kernel.targetoptions.get("parallel"):

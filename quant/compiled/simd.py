@@ -1,0 +1,218 @@
+"""Integer SIMD helpers: the byte dot products of the int8-activation kernels (intdot.py),
+written as LLVM vector instructions, and the CPU features that decide which ones.
+
+The product of one block of 32 weights of 4 rows with one block of x rounded to int8 is
+16 int32 lanes, 4 per row (a row's dot product is the sum of its 4 lanes). Where it comes
+from, by CPU:
+
+- AVX-512 VNNI: `vpdpbusd`, 64 byte products summed 4 by 4 into 16 int32 lanes, in one
+  instruction. Its first operand is unsigned: 4-bit codes are; int8 codes q are read as
+  q + 128 (one xor) and 128 sum(x) is taken off after.
+- AVX2 without VNNI (e.g. Zen 3): `vpmaddubsw` (pairs of byte products summed into int16,
+  saturating) then `vpmaddwd` by ones (pairs of int16 into int32): the same lanes in
+  two instructions per 32 bytes. No int16 pair can saturate: 4-bit codes are at most 15,
+  and int8 codes go in as |q| with q's sign moved onto x (|x| <= 127, so a pair is at
+  most 2 * 128 * 127 < 32768).
+- neither (a portable build, NUMBA_CPU_NAME=x86-64): the same sums in plain LLVM integer
+  vector code, which LLVM lowers to what the target has.
+
+A CPU without VNNI cannot even compile `vpdpbusd`, so the choice is made here once, from
+the features numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host's);
+numba's disk cache already keys every kernel on that CPU name and feature list.
+
+NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2 compiles the AVX2 path on an AVX-512
+machine, which is how the tests run every path."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+
+def cpu_features() -> set[str]:
+    """The CPU features the kernels are compiled for: NUMBA_CPU_FEATURES when given, none
+    known for a CPU named by NUMBA_CPU_NAME alone (a portable build), else the host's."""
+    if numba.config.CPU_FEATURES:
+        return {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
+    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
+        return set()
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
+FEATURES = cpu_features()
+VNNI = {"avx512vnni", "avx512bw"} <= FEATURES
+AVX2 = "avx2" in FEATURES
+# the instruction that multiplies the bytes, named in labels and reports
+DOT_INSTRUCTION = "vpdpbusd" if VNNI else "vpmaddubsw" if AVX2 else "generic"
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I8x64, I32x16 = ir.VectorType(I8, 64), ir.VectorType(I32, 16)
+F32x16 = ir.VectorType(ir.FloatType(), 16)
+
+
+def _call(builder, name: str, ret, args):
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ret, [a.type for a in args]), name
+    )
+    return builder.call(fn, args)
+
+
+def _half(builder, v, n: int, k: int):
+    """Part k of n equal parts of vector v."""
+    size = v.type.count // n
+    mask = ir.Constant(ir.VectorType(I32, size), list(range(k * size, (k + 1) * size)))
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _concat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+
+
+def dot_u8(builder, u, s):
+    """<16 x i32>: lane l = sum over k < 4 of u[4l + k] * s[4l + k], u unsigned bytes, s
+    signed (<64 x i8> each). Exact when no pair u s + u' s' leaves int16 (AVX2), as the
+    callers ensure (module docstring)."""
+    if VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16,
+                     [ir.Constant(I32x16, None), u, s])  # fmt: skip
+    if not AVX2:
+        wide = ir.VectorType(I32, 64)
+        products = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+        lanes = ir.VectorType(I32, 16)
+        quarters = [builder.shuffle_vector(products, ir.Constant(wide, ir.Undefined),
+                                           ir.Constant(lanes, [4 * j + k for j in range(16)]))
+                    for k in range(4)]  # fmt: skip
+        return builder.add(builder.add(quarters[0], quarters[1]),
+                           builder.add(quarters[2], quarters[3]))  # fmt: skip
+    ones = ir.Constant(ir.VectorType(I16, 16), [1] * 16)
+    parts = []
+    for k in range(2):
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16),
+                      [_half(builder, u, 2, k), _half(builder, s, 2, k)])  # fmt: skip
+        parts.append(_call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), [pairs, ones]))
+    return _concat(builder, parts[0], parts[1])
+
+
+def dot_i8(builder, q, s):
+    """dot_u8 for signed bytes q (int8 codes, -128..127) and s (x, -127..127). The caller
+    takes `dot_i8_bias(x block sum)` off the row's total (VNNI only; else 0)."""
+    if VNNI:
+        return dot_u8(builder, builder.xor(q, ir.Constant(I8x64, [-128] * 64)), s)
+    zero = ir.Constant(I8x64, None)
+    negative = builder.icmp_signed("<", q, zero)
+    magnitude = builder.select(negative, builder.sub(zero, q), q)  # -128 -> 128 unsigned
+    return dot_u8(builder, magnitude, builder.select(negative, builder.sub(zero, s), s))
+
+
+def _load(builder, context, sig, args, k: int, at: int, vt):
+    ary = context.make_array(sig.args[k])(context, builder, args[k])
+    ptr = builder.gep(ary.data, [args[at]])
+    return builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1)
+
+
+def _repeat(builder, v, times: int):
+    """v (<n x i8>) repeated `times` times: one broadcast from memory."""
+    n = v.type.count
+    mask = ir.Constant(ir.VectorType(I32, n * times), [j % n for j in range(n * times)])
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _scales(builder, context, sig, args, k: int, at: int, xd):
+    """<16 x float>: the 4 float16 scales src[at:at + 4] times xd, each over its row's 4
+    lanes."""
+    d = builder.fpext(_load(builder, context, sig, args, k, at, ir.VectorType(ir.HalfType(), 4)),
+                      ir.VectorType(ir.FloatType(), 4))  # fmt: skip
+    mask = ir.Constant(ir.VectorType(I32, 16), [j // 4 for j in range(16)])
+    spread = builder.shuffle_vector(d, ir.Constant(d.type, ir.Undefined), mask)
+    xd16 = _repeat(
+        builder,
+        builder.insert_element(
+            ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), xd, ir.Constant(I32, 0)
+        ),
+        16,
+    )
+    return builder.fmul(spread, xd16)
+
+
+def _accumulate(builder, context, sig, args, lanes, scale):
+    """acc (argument 0, 16 float32 lanes) += float(lanes) * scale."""
+    acc = context.make_array(sig.args[0])(context, builder, args[0])
+    ptr = builder.bitcast(acc.data, F32x16.as_pointer())
+    product = builder.fmul(builder.sitofp(lanes, F32x16), scale, flags=["contract"])
+    builder.store(
+        builder.fadd(builder.load(ptr, align=4), product, flags=["contract"]), ptr, align=4
+    )
+
+
+def _splat_i32(builder, v):
+    one = builder.insert_element(
+        ir.Constant(ir.VectorType(I32, 1), ir.Undefined), v, ir.Constant(I32, 0)
+    )
+    return _repeat(builder, one, 16)
+
+
+@intrinsic
+def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd):
+    """acc[0:16] += (the dot products of one q8_0 block of 4 grouped rows, codes[co:co +
+    128] (uint8 holding int8, row after row), with xq[xo:xo + 32]) in 4 lanes per row,
+    times scales[so + row] (float16 bits) * xd. xsum: the block's sum of xq (int32).
+    Two dot_i8 (rows 0-1, rows 2-3), then their 8 lanes per row folded to 4."""
+
+    def codegen(context, builder, sig, args):
+        x = _repeat(builder, _load(builder, context, sig, args, 3, 4, ir.VectorType(I8, 32)), 2)
+        first = _load(builder, context, sig, args, 1, 2, I8x64)
+        ary = context.make_array(sig.args[1])(context, builder, args[1])
+        ptr = builder.gep(ary.data, [builder.add(args[2], ir.Constant(args[2].type, 64))])
+        second = builder.load(builder.bitcast(ptr, I8x64.as_pointer()), align=1)
+        a, b = dot_i8(builder, first, x), dot_i8(builder, second, x)  # rows 0,1 | 2,3
+        lo = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
+        hi = [j + 4 for j in lo]
+        pick = ir.VectorType(I32, 16)
+        lanes = builder.add(builder.shuffle_vector(a, b, ir.Constant(pick, lo)),
+                            builder.shuffle_vector(a, b, ir.Constant(pick, hi)))  # fmt: skip
+        if VNNI:  # each row counted 128 sum(x) too: 32 sum(x) per lane
+            bias = builder.mul(args[5], ir.Constant(I32, 32))
+            lanes = builder.sub(lanes, _splat_i32(builder, bias))
+        _accumulate(
+            builder, context, sig, args, lanes, _scales(builder, context, sig, args, 6, 7, args[8])
+        )
+
+    sig = types.void(
+        acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
+    )
+    return sig, codegen
+
+
+@intrinsic
+def q4_block(typingctx, acc, codes, co, xq, xo, lane_bias, scales, so, xd):
+    """acc[0:16] += (the dot products of one 4-bit block of 4 grouped rows, codes[co:co +
+    64] (16 bytes a row: element j in the low nibble of byte j, j + 16 in the high one),
+    with xq[xo:xo + 32], less lane_bias per lane) in 4 lanes per row, times scales[so +
+    row] (float16 bits) * xd. q4_0 passes 2 sum(x) as lane_bias (its codes are q + 8:
+    8 sum(x) a row), q4_1 passes 0."""
+
+    def codegen(context, builder, sig, args):
+        v = _load(builder, context, sig, args, 1, 2, I8x64)
+        low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
+        high = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
+        ary = context.make_array(sig.args[3])(context, builder, args[3])
+        at = builder.gep(ary.data, [args[4]])
+        x16 = ir.VectorType(I8, 16).as_pointer()
+        xlo = builder.load(builder.bitcast(at, x16), align=1)
+        xhi = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(I32, 16)]), x16), align=1)
+        lanes = builder.add(dot_u8(builder, low, _repeat(builder, xlo, 4)),
+                            dot_u8(builder, high, _repeat(builder, xhi, 4)))  # fmt: skip
+        lanes = builder.sub(lanes, _splat_i32(builder, args[5]))
+        _accumulate(
+            builder, context, sig, args, lanes, _scales(builder, context, sig, args, 6, 7, args[8])
+        )
+
+    sig = types.void(
+        acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
+    )
+    return sig, codegen

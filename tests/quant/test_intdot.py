@@ -1,0 +1,170 @@
+"""The int8-activation kernels (quant.compiled.intdot) against the NumPy reference of the
+same integer arithmetic (quant.intdot): the rounding of x bit for bit, the products
+exactly where no float rounding intervenes, and the float-activation kernels within the
+bound x's rounding allows. On both instruction paths (VNNI and AVX2), odd shapes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from quant import intdot
+from quant.backends import numba_backend
+from quant.compiled import FORMATS, INT8_FORMATS, simd
+from quant.compiled import intdot as kernels
+from quant.compiled.ops import NORM, SWIGLU, prepare
+
+FMTS = intdot.INT8_FORMATS
+# rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks
+SHAPES = [(1, 32), (3, 96), (4, 32), (5, 320), (17, 96), (33, 320), (70, 160)]
+
+
+def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
+    """A matrix and an x whose product no float rounding touches: power-of-two scales
+    (one per row), small-integer mins, x = integers / 8 with +-127 / 8 in every block
+    (so x's scale is 1/8 and x rounds to itself). Every partial sum is an integer
+    multiple of one power of two below 2^24: exact in float32 in any order."""
+    rows, cols = shape
+    nb = cols // 32
+    cls = INT8_FORMATS[fmt]
+    code_bytes = 32 if fmt == "q8_0" else 16
+    codes = rng.integers(0, 256, (rows, nb * code_bytes), dtype=np.uint8)
+    scales = np.repeat(2.0 ** -rng.integers(8, 14, (rows, 1)), nb, axis=1).astype(np.float16)
+    mins = None
+    if fmt == "q4_1":
+        mins = (scales.astype(np.float32) * rng.integers(-9, 3, (rows, nb))).astype(np.float16)
+    w = cls((rows, cols), codes, scales, mins)
+    x = rng.integers(-127, 128, cols).astype(np.float32)
+    x[::32] = rng.choice([-127.0, 127.0], nb)
+    return w, x / np.float32(8)
+
+
+def test_x_rounds_as_the_reference():
+    """quantize_x bit for bit: ties, zero blocks, tiny and huge blocks, odd lengths."""
+    rng = np.random.default_rng(0)
+    for nb in (1, 3, 17, 80):
+        x = (rng.standard_normal(32 * nb) * 10.0 ** rng.integers(-20, 20, 32 * nb)).astype(
+            np.float32
+        )
+        x[:32] = np.arange(32) - 15.5  # ties at .5 once scaled? 127 / 15.5 is not exact
+        if nb > 1:
+            x[32:64] = 0
+        if nb > 2:
+            x[64:96] = np.float32(127) * (np.arange(32) % 5 - 2) / 2  # exact ties: 63.5 ...
+        xq, xd, xs = np.empty(32 * nb, np.int8), np.empty(nb, np.float32), np.empty(nb, np.int32)
+        kernels.quantize_x(x, xq, xd, xs)
+        rq, rd, rs = intdot.quantize_x(x)
+        assert np.array_equal(xq, rq.ravel()) and np.array_equal(xd, rd)
+        assert np.array_equal(xs, rs)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_integer_kernel_equals_the_reference_exactly(fmt, shape):
+    rng = np.random.default_rng(shape[0] * shape[1])
+    for _ in range(3):
+        w, x = exact_case(fmt, shape, rng)
+        ref = intdot.matvec(fmt, w.export(), x)
+        got = w.matvec(x)
+        assert np.array_equal(got, ref), np.abs(got - ref).max()
+        base = rng.integers(-5, 5, shape[0]).astype(np.float32)
+        out = base.copy()
+        w.matvec_into(x, out, add=True)  # the residual epilogue
+        assert np.array_equal(out, base + ref)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape):
+    """|y_int8 - y_f32| <= sum over blocks of max|x_b| / 254 * sum |w| over the block: x
+    rounded to int8 moves each value by at most half its block's step (max|x_b| / 127 / 2),
+    plus float32 rounding of both sums."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape[1]) * np.exp(rng.standard_normal(shape[1]))).astype(np.float32)
+    f = FORMATS[fmt].from_float(rng.standard_normal(shape).astype(np.float32))
+    i = INT8_FORMATS[fmt].from_arrays(shape, f.export())
+    y_f, y_i = f.matvec(x), i.matvec(x)
+    W = np.abs(f.dequantize().astype(np.float64)).reshape(shape[0], -1, 32)
+    step = np.abs(x.astype(np.float64)).reshape(-1, 32).max(axis=1) / 254
+    bound = (W.sum(axis=2) * step).sum(axis=1)
+    slop = 1e-5 * (W.reshape(shape[0], -1) @ np.abs(x.astype(np.float64)))
+    assert (np.abs(y_i - y_f) <= bound + slop).all()
+    assert not np.array_equal(y_i, y_f)  # x really was rounded
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_prologues_are_the_float_kernels(fmt):
+    """RMSNorm and SwiGLU before the product run the same code as the float kernels'."""
+    rng = np.random.default_rng(3)
+    w = INT8_FORMATS[fmt].from_float(rng.standard_normal((9, 96)).astype(np.float32))
+    norm, eps = rng.standard_normal(96).astype(np.float32), np.float32(1e-5)
+    for mode, x in ((NORM, rng.standard_normal(96)), (SWIGLU, rng.standard_normal(192))):
+        x = x.astype(np.float32)
+        fused, plain = np.empty(9, np.float32), np.empty(9, np.float32)
+        w.matvec_into(x, fused, norm, eps, mode)
+        w.matvec_into(prepare(x, norm, eps, mode), plain)
+        assert np.array_equal(fused, plain)
+
+
+def test_the_backend_runs_int8_only_where_a_kernel_exists():
+    b = numba_backend("int8")
+    assert {f for f, cls in b.formats.items() if cls.dot == "int8"} == set(FMTS)
+    assert numba_backend("f32").formats == FORMATS
+    assert all(cls.dot == "f32" for cls in FORMATS.values())
+
+
+PATH_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numba
+    import numpy as np
+    from quant.compiled import intdot, simd
+    from quant.compiled.weights import INT8_FORMATS
+    from tests.quant import test_intdot as t
+
+    path, run = sys.argv[1], sys.argv[2] == "run"
+    assert simd.DOT_INSTRUCTION == path, simd.DOT_INSTRUCTION
+    if run:
+        t.test_x_rounds_as_the_reference()
+        for fmt in t.FMTS:
+            for shape in t.SHAPES:
+                t.test_integer_kernel_equals_the_reference_exactly(fmt, shape)
+    w = INT8_FORMATS["q4_1"].from_float(np.ones((4, 64), np.float32))
+    x, out = np.ones(64, np.float32), np.empty(4, np.float32)
+    mins, factor = w._mins()
+    args = (w.codes, w.scales, mins, factor, x, x, np.float32(0), 0, False, out)
+    sig = tuple(numba.typeof(a) for a in args)
+    intdot.matvec_q4.compile(sig)
+    print(intdot.matvec_q4.inspect_asm(sig))
+    """
+)
+PATHS = {  # instruction: environment, whether this test machine can run it
+    "vpdpbusd": ({"NUMBA_CPU_NAME": "icelake-server",
+                  "NUMBA_CPU_FEATURES": "+avx512f,+avx512bw,+avx512vnni"}, simd.VNNI),
+    "vpmaddubsw": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c"},
+                   simd.AVX2),
+    "generic": ({"NUMBA_CPU_NAME": "x86-64"}, True),
+}  # fmt: skip
+
+
+@pytest.mark.slow  # compiles the integer kernels anew for each CPU: ~15 s each
+@pytest.mark.parametrize("path", PATHS)
+def test_each_instruction_path(path, tmp_path):
+    """Each path compiled for a CPU that selects it: its machine code multiplies bytes with
+    that instruction (no gathers), and where this machine can run the code, it equals the
+    reference exactly. (A VNNI path cannot run on a CPU without VNNI, but it compiles.)"""
+    env, runnable = PATHS[path]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")} | env
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    run = subprocess.run([sys.executable, "-c", PATH_SCRIPT, path, "run" if runnable else "asm"],
+                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    asm = run.stdout
+    used = {i for i in ("vpdpbusd", "vpmaddubsw") if i in asm}
+    assert used == ({path} - {"generic"}), used
+    assert "gather" not in asm
