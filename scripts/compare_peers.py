@@ -206,15 +206,16 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
 NATIVE = {"smollm2-135m": "Q4_1", "qwen2.5-coder-0.5b": "Q4_K_M"}  # llama.cpp's labels
 
 
-def specs(native: str) -> list[tuple]:
-    """The engines; the first, llama-np's compiled f32, is the base of the ratios."""
+def specs(native: str, kernels: list[str]) -> list[tuple]:
+    """The engines; the first, llama-np's first kernels in f32, is the base of the ratios.
+    numba-int8 runs only the formats it multiplies in integers (f32 is numba-f32's)."""
     from quant.backends import numba_importable
 
-    ours = [("numpy", w) for w in ("f32", "q8_0", "q4_0", None)]  # None: as stored
-    if numba_importable():
-        ours = [("numba", w) for w in ("f32", "q8_0", "q4_0", None)] + ours
-    else:
+    if not numba_importable():
         print("compare_peers: numba is not installed, only the NumPy kernels", file=sys.stderr)
+        kernels = ["numpy"]
+    ours = [(k, w) for k in kernels for w in ("f32", "q8_0", "q4_0", None)  # None: as stored
+            if not (k == "numba-int8" and w == "f32")]  # fmt: skip
     out: list[tuple] = [("llama-np", spec) for spec in ours]
     for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
                          ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", native))]:  # fmt: skip
@@ -231,7 +232,7 @@ def start_engines(args, path: Path, work: Path, ids: list[int]) -> list[tuple]:
     """Each engine in its own process, loaded once: (name, connection, process, bytes)."""
     ctx = mp.get_context("spawn")  # a clean interpreter per engine
     engines = []
-    for spec in specs(NATIVE.get(args.model, "as stored")):
+    for spec in specs(NATIVE.get(args.model, "as stored"), args.kernels.split(",")):
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(
             target=serve, args=(theirs, spec, path, work, args.threads, ids), daemon=True
@@ -291,6 +292,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
     ap.add_argument("--md", help="also write the table to this file")
+    ap.add_argument("--kernels", default="numba-f32,numba-int8,numpy",
+                    help="llama-np's kernel backends to run (default: %(default)s)")
     ap.add_argument("--batch", help="B1,B2,...: batched decode throughput against llama.cpp "
                     "instead (scripts/peers_batch.py)")  # fmt: skip
     ap.add_argument("--formats", default="f32,q8_0,stored",

@@ -197,11 +197,14 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
     text = read_text(args.file, "text file")
     with load_model(args) as llm:
-        r = perplexity(llm, text, args.ctx_size, args.kv, progress=True)
+        r = perplexity(llm, text, args.ctx_size, args.kv, progress=True,
+                       stepwise=args.stepwise, chunks=args.chunks)  # fmt: skip
+        kernels = llm.kernels
     windows = r.evaluated // args.ctx_size
+    how = "decode steps" if args.stepwise else "batched"
     print(
         f"perplexity {r.ppl:.4f} over {r.scored} scored tokens "
-        f"({windows} windows of {args.ctx_size}), {r.tokens_per_s:.1f} tok/s"
+        f"({windows} windows of {args.ctx_size}, {how}), {r.tokens_per_s:.1f} tok/s | {kernels}"
     )
     return 0
 

@@ -136,6 +136,8 @@ PERPLEXITY_ARGS = [
     (("-f", "--file"), dict(required=True, help="the text file")),
     (("-c", "--ctx-size"), dict(type=positive_int, default=256, help="window size in tokens (default: %(default)s)")),
     KV_ARG,
+    (("--stepwise",), dict(action="store_true", help="run each window token by token through decode steps, as generation does (what --kernels numba-int8 changes), not as one batched prefill")),
+    (("--chunks",), dict(type=positive_int, help="score only the first N windows (default: all)")),
 ]
 PULL_ARGS = [
     (("alias",), dict(nargs="?", default=DEFAULT_MODEL, help="model alias (default: %(default)s)")),
@@ -161,7 +163,7 @@ PROBE_ARGS = [
     (("--json",), dict(action="store_true", help="print JSON")),
 ]
 BENCH_ARGS = [
-    *MODEL_ARGS,
+    *[(names, kw | dict(choices=sorted(FORMATS), help=kw["help"] + "; a synthetic model takes the K-quants too (random codes)")) if names[0] in ("--weights", "--head") else (names, kw) for names, kw in MODEL_ARGS],
     KV_ARG,
     (("-p", "--prompt"), dict(type=positive_int, default=32, help="prefill tokens (default: %(default)s)")),
     (("-n", "--n-predict"), dict(type=positive_int, default=128, help="decode steps per repetition (default: %(default)s)")),

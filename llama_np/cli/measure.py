@@ -12,6 +12,7 @@ from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
 from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
 from llama_np.errors import LlamaNpError, UsageError
+from quant import TARGETS
 from quant.host import usable_cores
 
 if TYPE_CHECKING:
@@ -157,6 +158,10 @@ def bench_model(args: argparse.Namespace, threads: int) -> Transformer:
         if args.check_tensors:
             check_matrices(model)
         return model.start(threads)
+    for f in (args.weights, args.head):
+        if f is not None and f not in TARGETS:
+            raise UsageError(f"--weights/--head {f}: K-quants are read as stored, never "
+                             "written; only synthetic: models take them")  # fmt: skip
     llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
                kernels=args.kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
     return llm.model
