@@ -106,8 +106,17 @@ class Transformers(Engine):
 
 class LlamaCpp(Engine):
     def __init__(self, gguf: Path, label: str, threads: int, config: Config) -> None:
+        import llama_cpp.llama_cpp as llama_cpp  # the module llama_cpp.Llama reads
         from llama_cpp import Llama
 
+        defaults = llama_cpp.llama_model_default_params
+
+        def no_repack():  # as scripts/peers_batch.py: the AMX repacking segfaults on the Xeon
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = no_repack
         self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                          logits_all=False, verbose=False)  # fmt: skip
         self.name = f"llama.cpp {label}"
@@ -292,8 +301,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
     ap.add_argument("--md", help="also write the table to this file")
-    ap.add_argument("--kernels", default="numba-f32,numba-int8,numpy",
-                    help="llama-np's kernel backends to run (default: %(default)s)")
+    ap.add_argument(
+        "--kernels",
+        default="numba-f32,numba-int8,numpy",
+        help="llama-np's kernel backends to run (default: %(default)s)",
+    )
     ap.add_argument("--batch", help="B1,B2,...: batched decode throughput against llama.cpp "
                     "instead (scripts/peers_batch.py)")  # fmt: skip
     ap.add_argument("--formats", default="f32,q8_0,stored",
