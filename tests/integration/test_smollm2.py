@@ -12,6 +12,7 @@ import llama_np
 from llama_np.generation.chat import ChatSession, render_chat
 from llama_np.generation.generate import Stats
 from quant import FORMATS
+from tests.helpers import backends_and_prompts
 
 PROMPTS = [
     "Once upon a time, in a quiet village,",
@@ -22,17 +23,7 @@ N_GREEDY = 48
 
 
 def pytest_generate_tests(metafunc):
-    """Every test of the real model runs on both kernel backends; those driven by a prompt
-    run every prompt on the compiled backend and the first one on the NumPy reference,
-    whose quantized products are ~5x slower (CI time, 28 minutes with every prompt)."""
-    if "kernels" not in metafunc.fixturenames:
-        return
-    if "prompt" not in metafunc.fixturenames:
-        metafunc.parametrize("kernels", ["numpy", "numba"], scope="module")
-        return
-    cases = [("numpy", PROMPTS[0])] + [("numba", p) for p in PROMPTS]
-    metafunc.parametrize(("kernels", "prompt"), cases, scope="module",
-                         ids=[f"{k}-{p}" for k, p in cases])  # fmt: skip
+    backends_and_prompts(metafunc, PROMPTS)
 
 
 @pytest.fixture(scope="module")
