@@ -24,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
+from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import f16x4, kernel, stack_f32, zero16
-from .matvec import CHUNK, GROUP, put
+from .matvec import CHUNK, GROUP, lane_sum, put
 from .ops import prologue
-from .simd import q4_block, q8_block
+from .simd import q4_block, q5_block, q8_block
+from .simd_k import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 
 BLOCK = 32
 
@@ -89,15 +91,17 @@ def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
 
 
 @kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
-    """matvec.matvec_q4's arguments and layout, with x rounded to int8: q4_1 passes its
-    mins and factor 1, q4_0 its scales and factor -8 (its offset goes into the integer
+def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
+    """matvec.matvec_q4's arguments and layout (and matvec_q5's `bits` for q5_0 / q5_1, an
+    empty array for q4), with x rounded to int8: q4_1 and q5_1 pass their mins and factor
+    1; q4_0 and q5_0 their scales and factor -8 or -16 (the offset goes into the integer
     sums, so `mins` is not read)."""
     x = prologue(x, norm, eps, mode)
     xq, xd, xsum = quantized(x)
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
-    has_min = factor > 0
+    has_min, five = factor > 0, bits.shape[1] > 0
+    per_lane = np.int32(0) if has_min else np.int32(-factor / 4)  # of sum(x): 4 lanes a row
     per = CHUNK // GROUP
     for c in prange((groups + per - 1) // per):
         acc = carray(stack_f32(16), 16)
@@ -107,15 +111,81 @@ def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
             zero16(acc, 0)
             for i in range(4):
                 corr[i] = 0
-            q, s, mg = codes[g], scales[g], mins[g]
+            q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
             for b in range(nb):
                 if has_min:
                     f16x4(mg, GROUP * b, m)
                     xs = xd[b] * np.float32(xsum[b])
                     for i in range(4):
                         corr[i] += m[i] * xs
-                    q4_block(acc, q, 64 * b, xq, BLOCK * b, np.int32(0), s, GROUP * b, xd[b])
+                bias = per_lane * xsum[b]
+                if five:
+                    q5_block(
+                        acc, q, 64 * b, hb, GROUP * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b]
+                    )
                 else:
-                    bias = np.int32(2 * xsum[b])
                     q4_block(acc, q, 64 * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
             row_sums(acc, corr, g, rows, add, out)
+
+
+# --- K-quants: simd_k.py decodes a super-block of a row into integer codes, scales and
+# mins in vector registers; x is rounded per block of 32 as for every other format.
+
+
+@kernel
+def quantize_x16(x, xq, xd16, xb16):
+    """quantize_x, then per 16 values: xd16 their block's scale, xb16 the scale times
+    their sum(xq)."""
+    nb = x.shape[0] // BLOCK
+    xd, xsum = np.empty(nb, np.float32), np.empty(nb, np.int32)
+    quantize_x(x, xq, xd, xsum)
+    for h in range(2 * nb):
+        s = np.int32(0)
+        for j in range(16):
+            s += xq[16 * h + j]
+        xd16[h] = xd[h // 2]
+        xb16[h] = xd[h // 2] * np.float32(s)
+
+
+@kernel(inline=True)
+def k_block(fmt, acc, mins, at, b, o, xq, xo, xd16, xb16, so):
+    if fmt == Q2_K:
+        k_block_q2(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+    elif fmt == Q3_K:
+        k_block_q3(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+    elif fmt == Q4_K:
+        k_block_q4(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+    elif fmt == Q5_K:
+        k_block_q5(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+    else:
+        k_block_q6(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+
+
+@kernel(parallel=True)
+def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out):
+    """ggml.matvec_ggml's arguments and layout for the K-quants, with x rounded to int8."""
+    x = prologue(x, norm, eps, mode)
+    n = x.shape[0]
+    xq, xd16, xb16 = (
+        np.empty(n, np.int8),
+        np.empty(n // 16, np.float32),
+        np.empty(n // 16, np.float32),
+    )
+    quantize_x16(x, xq, xd16, xb16)
+    groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
+    rows = out.shape[0]
+    per = CHUNK // GROUP
+    for c in prange((groups + per - 1) // per):
+        acc, mins = carray(stack_f32(64), 64), carray(stack_f32(64), 64)
+        for g in range(c * per, min(groups, c * per + per)):
+            for i in range(4):
+                zero16(acc, 16 * i)
+                zero16(mins, 16 * i)
+            bg = blocks[g]
+            for blk in range(nblocks):
+                for i in range(GROUP):
+                    o = (GROUP * blk + i) * nbytes
+                    k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk)
+            for i in range(min(GROUP, rows - GROUP * g)):
+                s = lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i)
+                put(out, GROUP * g + i, s, add)

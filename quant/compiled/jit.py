@@ -112,19 +112,23 @@ def set_threads(n: int) -> int:
 # --- LLVM instructions for the kernels -------------------------------------------------
 
 
-@intrinsic
-def stack_f32(typingctx, n):
-    """A pointer to `n` (a constant) float32 on the stack. Accumulators kept there never
-    alias an argument, so LLVM keeps them in vector registers; an array from np.empty
-    lives on the heap and is stored back on every step."""
+def _stack(n, lltype, nbtype):
     if not isinstance(n, types.IntegerLiteral):
         raise RequireLiteralValue(n)
     size = n.literal_value
 
     def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
+        return cgutils.alloca_once(builder, lltype, size=size)
 
-    return types.CPointer(types.float32)(n), codegen
+    return types.CPointer(nbtype)(n), codegen
+
+
+@intrinsic
+def stack_f32(typingctx, n):
+    """A pointer to `n` (a constant) float32 on the stack. Accumulators kept there never
+    alias an argument, so LLVM keeps them in vector registers; an array from np.empty
+    lives on the heap and is stored back on every step."""
+    return _stack(n, ir.FloatType(), types.float32)
 
 
 @intrinsic

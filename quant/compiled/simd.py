@@ -188,6 +188,50 @@ def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd):
     return sig, codegen
 
 
+def _fifth_bits(builder, context, sig, args, k: int, at: int, high: bool):
+    """<64 x i8>: 16 where the fifth bit of a q5 code is set, else 0, for the low (element
+    j, bit j) or high (element j + 16, bit j + 16) half of 4 rows' blocks: their 4 uint32
+    bit words at src[at:at + 4], one byte shuffle, one test per lane."""
+    words = _load(builder, context, sig, args, k, at, ir.VectorType(I8, 16))
+    first = 2 if high else 0
+    where = [4 * (lane // 16) + first + lane % 16 // 8 for lane in range(64)]
+    spread = builder.shuffle_vector(
+        words, ir.Constant(words.type, ir.Undefined), ir.Constant(ir.VectorType(I32, 64), where)
+    )
+    bit = builder.and_(spread, ir.Constant(I8x64, [1 << (lane % 8) for lane in range(64)]))
+    zero = ir.Constant(I8x64, None)
+    return builder.select(
+        builder.icmp_unsigned("!=", bit, zero), ir.Constant(I8x64, [16] * 64), zero
+    )
+
+
+def _nibble_block(builder, context, sig, args, bits_at: int | None):
+    """The codegen of q4_block (bits_at None) and q5_block (the bit words are arguments
+    bits_at, bits_at + 1): argument positions after the codes shift by two for q5."""
+    v = _load(builder, context, sig, args, 1, 2, I8x64)
+    low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
+    high = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
+    k = 3
+    if bits_at is not None:
+        low = builder.or_(
+            low, _fifth_bits(builder, context, sig, args, bits_at, bits_at + 1, False)
+        )
+        high = builder.or_(
+            high, _fifth_bits(builder, context, sig, args, bits_at, bits_at + 1, True)
+        )
+        k = 5
+    ary = context.make_array(sig.args[k])(context, builder, args[k])
+    at = builder.gep(ary.data, [args[k + 1]])
+    x16 = ir.VectorType(I8, 16).as_pointer()
+    xlo = builder.load(builder.bitcast(at, x16), align=1)
+    xhi = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(I32, 16)]), x16), align=1)
+    lanes = builder.add(dot_u8(builder, low, _repeat(builder, xlo, 4)),
+                        dot_u8(builder, high, _repeat(builder, xhi, 4)))  # fmt: skip
+    lanes = builder.sub(lanes, _splat_i32(builder, args[k + 2]))
+    scale = _scales(builder, context, sig, args, k + 3, k + 4, args[k + 5])
+    _accumulate(builder, context, sig, args, lanes, scale)
+
+
 @intrinsic
 def q4_block(typingctx, acc, codes, co, xq, xo, lane_bias, scales, so, xd):
     """acc[0:16] += (the dot products of one 4-bit block of 4 grouped rows, codes[co:co +
@@ -197,22 +241,22 @@ def q4_block(typingctx, acc, codes, co, xq, xo, lane_bias, scales, so, xd):
     8 sum(x) a row), q4_1 passes 0."""
 
     def codegen(context, builder, sig, args):
-        v = _load(builder, context, sig, args, 1, 2, I8x64)
-        low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
-        high = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
-        ary = context.make_array(sig.args[3])(context, builder, args[3])
-        at = builder.gep(ary.data, [args[4]])
-        x16 = ir.VectorType(I8, 16).as_pointer()
-        xlo = builder.load(builder.bitcast(at, x16), align=1)
-        xhi = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(I32, 16)]), x16), align=1)
-        lanes = builder.add(dot_u8(builder, low, _repeat(builder, xlo, 4)),
-                            dot_u8(builder, high, _repeat(builder, xhi, 4)))  # fmt: skip
-        lanes = builder.sub(lanes, _splat_i32(builder, args[5]))
-        _accumulate(
-            builder, context, sig, args, lanes, _scales(builder, context, sig, args, 6, 7, args[8])
-        )
+        _nibble_block(builder, context, sig, args, None)
 
     sig = types.void(
         acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
     )
+    return sig, codegen
+
+
+@intrinsic
+def q5_block(typingctx, acc, codes, co, bits, bo, xq, xo, lane_bias, scales, so, xd):
+    """q4_block for q5_0 / q5_1: each code's fifth bit from the rows' uint32 words
+    bits[bo:bo + 4] (bit j: element j). q5_0 passes 4 sum(x) as lane_bias (codes q + 16)."""
+
+    def codegen(context, builder, sig, args):
+        _nibble_block(builder, context, sig, args, 3)
+
+    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, types.int32,
+                     scales, types.intp, types.float32)  # fmt: skip
     return sig, codegen

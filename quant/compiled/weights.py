@@ -412,7 +412,30 @@ class CompiledNibbleInt8Weight(CompiledNibbleWeight):
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
         mins, factor = self._mins()
-        intdot.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
+        no_bits = np.empty((self.codes.shape[0], 0), np.uint32)
+        intdot.matvec_q4(self.codes, self.scales, mins, factor, no_bits, x, norm, eps, mode,
+                         add, out)  # fmt: skip
+
+
+class CompiledQ5Int8Weight(CompiledQ5Weight):
+    dot = "int8"
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        mins, factor = self._mins()
+        intdot.matvec_q4(self.codes, self.scales, mins, factor, self.bits, x, norm, eps, mode,
+                         add, out)  # fmt: skip
+
+
+class CompiledKInt8Weight(CompiledGGMLWeight):
+    dot = "int8"
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+        intdot.matvec_k(self.blocks, self.code, self.layout.nbytes, x, norm, eps, mode, add, out)
+
+
+def _int8_ggml(fmt: str) -> type[Weight]:
+    base = CompiledQ5Int8Weight if fmt in ("q5_0", "q5_1") else CompiledKInt8Weight
+    return type(f"C{fmt.upper()}Int8Weight", (base, GGML_FORMATS[fmt]), {})
 
 
 class CQ4_0Int8Weight(CompiledNibbleInt8Weight, Q4_0Weight):
@@ -423,7 +446,9 @@ class CQ4_1Int8Weight(CompiledNibbleInt8Weight, Q4_1Weight):
     pass
 
 
-# The int8 backend's formats: those with an integer kernel, the others as FORMATS.
-INT8_FORMATS: dict[str, type[Weight]] = FORMATS | {
-    cls.fmt: cls for cls in (CQ8_0Int8Weight, CQ4_0Int8Weight, CQ4_1Int8Weight)
-}
+# The int8 backend's formats: every quantized one has an integer kernel.
+INT8_FORMATS: dict[str, type[Weight]] = (
+    FORMATS
+    | {cls.fmt: cls for cls in (CQ8_0Int8Weight, CQ4_0Int8Weight, CQ4_1Int8Weight)}
+    | {fmt: _int8_ggml(fmt) for fmt in GGML_FORMATS}
+)

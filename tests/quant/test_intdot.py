@@ -18,10 +18,38 @@ from quant.backends import numba_backend
 from quant.compiled import FORMATS, INT8_FORMATS, simd
 from quant.compiled import intdot as kernels
 from quant.compiled.ops import NORM, SWIGLU, prepare
+from quant.ggml import LAYOUTS, random_blocks
 
 FMTS = intdot.INT8_FORMATS
-# rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks
-SHAPES = [(1, 32), (3, 96), (4, 32), (5, 320), (17, 96), (33, 320), (70, 160)]
+# rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks (of 32 or of 256)
+SHAPES = [(1, 1), (3, 3), (4, 1), (5, 10), (17, 3), (33, 10), (70, 5)]
+
+
+def shape_for(fmt: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """SHAPES' (rows, blocks) as (rows, columns) for the format's block size."""
+    return shape[0], shape[1] * (LAYOUTS[fmt].weights if fmt in LAYOUTS else 32)
+
+
+def random_weight(cls, shape: tuple[int, int], rng: np.random.Generator):
+    """A random matrix of the format: GGUF blocks with random codes, or a quantized one."""
+    if cls.fmt in LAYOUTS:  # K-quants cannot be quantized to here
+        return cls.from_blocks(shape, random_blocks(cls.fmt, *shape, rng))
+    return cls.from_float(rng.standard_normal(shape).astype(np.float32))
+
+
+def exact_ggml(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
+    """exact_case's matrix for a GGUF format: random blocks with a power-of-two d (and
+    dmin) per row, and q5_1's mins small multiples of d."""
+    rows, cols = shape
+    lay = LAYOUTS[fmt]
+    raw = random_blocks(fmt, rows, cols, rng).reshape(rows, -1, lay.nbytes)
+    d = 2.0 ** -rng.integers(8, 14, (rows, 1))
+    values = {o: np.repeat(d, raw.shape[1], axis=1) for o in lay.halves}
+    if fmt == "q5_1":
+        values[2] = d * rng.integers(-9, 3, (rows, raw.shape[1]))
+    for o, v in values.items():
+        raw[:, :, o : o + 2] = v.astype(np.float16).view(np.uint8).reshape(rows, -1, 2)
+    return INT8_FORMATS[fmt].from_blocks(shape, raw.reshape(rows, -1))
 
 
 def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
@@ -32,6 +60,10 @@ def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
     rows, cols = shape
     nb = cols // 32
     cls = INT8_FORMATS[fmt]
+    if fmt in LAYOUTS:  # x's integers small: K-quant sub-scales reach 127 and codes 63
+        x = rng.integers(-15, 16, cols).astype(np.float32)
+        x[::32] = rng.choice([-127.0, 127.0], nb)
+        return exact_ggml(fmt, shape, rng), x / np.float32(8)
     code_bytes = 32 if fmt == "q8_0" else 16
     codes = rng.integers(0, 256, (rows, nb * code_bytes), dtype=np.uint8)
     scales = np.repeat(2.0 ** -rng.integers(8, 14, (rows, 1)), nb, axis=1).astype(np.float16)
@@ -66,6 +98,7 @@ def test_x_rounds_as_the_reference():
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_integer_kernel_equals_the_reference_exactly(fmt, shape):
+    shape = shape_for(fmt, shape)
     rng = np.random.default_rng(shape[0] * shape[1])
     for _ in range(3):
         w, x = exact_case(fmt, shape, rng)
@@ -84,9 +117,10 @@ def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape):
     """|y_int8 - y_f32| <= sum over blocks of max|x_b| / 254 * sum |w| over the block: x
     rounded to int8 moves each value by at most half its block's step (max|x_b| / 127 / 2),
     plus float32 rounding of both sums."""
+    shape = shape_for(fmt, shape)
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(shape[1]) * np.exp(rng.standard_normal(shape[1]))).astype(np.float32)
-    f = FORMATS[fmt].from_float(rng.standard_normal(shape).astype(np.float32))
+    f = random_weight(FORMATS[fmt], shape, rng)
     i = INT8_FORMATS[fmt].from_arrays(shape, f.export())
     y_f, y_i = f.matvec(x), i.matvec(x)
     W = np.abs(f.dequantize().astype(np.float64)).reshape(shape[0], -1, 32)
@@ -101,9 +135,10 @@ def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape):
 def test_prologues_are_the_float_kernels(fmt):
     """RMSNorm and SwiGLU before the product run the same code as the float kernels'."""
     rng = np.random.default_rng(3)
-    w = INT8_FORMATS[fmt].from_float(rng.standard_normal((9, 96)).astype(np.float32))
-    norm, eps = rng.standard_normal(96).astype(np.float32), np.float32(1e-5)
-    for mode, x in ((NORM, rng.standard_normal(96)), (SWIGLU, rng.standard_normal(192))):
+    cols = shape_for(fmt, (9, 3))[1]
+    w = random_weight(INT8_FORMATS[fmt], (9, cols), rng)
+    norm, eps = rng.standard_normal(cols).astype(np.float32), np.float32(1e-5)
+    for mode, x in ((NORM, rng.standard_normal(cols)), (SWIGLU, rng.standard_normal(2 * cols))):
         x = x.astype(np.float32)
         fused, plain = np.empty(9, np.float32), np.empty(9, np.float32)
         w.matvec_into(x, fused, norm, eps, mode)
@@ -134,13 +169,19 @@ PATH_SCRIPT = textwrap.dedent(
         for fmt in t.FMTS:
             for shape in t.SHAPES:
                 t.test_integer_kernel_equals_the_reference_exactly(fmt, shape)
-    w = INT8_FORMATS["q4_1"].from_float(np.ones((4, 64), np.float32))
-    x, out = np.ones(64, np.float32), np.empty(4, np.float32)
+    w = INT8_FORMATS["q4_1"].from_float(np.ones((4, 256), np.float32))
+    x, out = np.ones(256, np.float32), np.empty(4, np.float32)
     mins, factor = w._mins()
-    args = (w.codes, w.scales, mins, factor, x, x, np.float32(0), 0, False, out)
+    bits = np.empty((1, 0), np.uint32)
+    args = (w.codes, w.scales, mins, factor, bits, x, x, np.float32(0), 0, False, out)
     sig = tuple(numba.typeof(a) for a in args)
     intdot.matvec_q4.compile(sig)
     print(intdot.matvec_q4.inspect_asm(sig))
+    w = t.random_weight(INT8_FORMATS["q4_k"], (4, 256), np.random.default_rng(0))
+    args = (w.blocks, w.code, 144, x, x, np.float32(0), 0, False, out)
+    sig = tuple(numba.typeof(a) for a in args)
+    intdot.matvec_k.compile(sig)
+    print(intdot.matvec_k.inspect_asm(sig))
     """
 )
 PATHS = {  # instruction: environment, whether this test machine can run it

@@ -1,0 +1,195 @@
+"""The K-quants' integer SIMD: one super-block of 256 weights of a row, as stored in GGUF,
+multiplied by x rounded to int8 (intdot.matvec_k), all in vector registers.
+
+Each K-quant is decoded here into the same integer form (intdot.py's table): 4 vectors of
+64 unsigned codes c (elements 64 v .. 64 v + 63), 16 integer sub-block scales a_s and
+mins b_s (sub-blocks of 16), and two float16 numbers D and M, with x_e = D a_s c_e - M b_s.
+Every code vector comes from byte loads, shifts and masks of whole 32- or 64-byte runs
+(no gather, no per-byte loop), because the K-quants store a super-block's codes as bit
+fields of 32-byte runs: element 128 h + 32 f + j sits in field f of byte j of half h.
+`simd.dot_u8` then multiplies each code vector by its 64 values of x (vpdpbusd on VNNI)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
+
+from .ggml import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+from .simd import I8, I32, F32x16, dot_u8
+
+I32x16 = ir.VectorType(I32, 16)
+
+
+def _bytes(builder, base, offset: int, n: int):
+    """<n x i8> from base + offset."""
+    ptr = builder.gep(base, [ir.Constant(I32, offset)])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(I8, n).as_pointer()), align=1)
+
+
+def _splat(v, k: int):
+    return ir.Constant(v.type, [k] * v.type.count)
+
+
+def _cat(builder, a, b):
+    """Two <n x T> -> <2n x T>."""
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+
+
+def _fields(builder, v, shifts: tuple[int, int], mask: int):
+    """<64 x i8>: the field (byte >> shift) & mask of the 32 bytes v, first with shifts[0],
+    then with shifts[1]."""
+    lo, hi = (builder.lshr(v, _splat(v, k)) if k else v for k in shifts)
+    both = _cat(builder, lo, hi)
+    return builder.and_(both, _splat(both, mask))
+
+
+def _spread(builder, v, lanes: list[int]):
+    """<len(lanes) x T>: lane l is v's lane lanes[l]."""
+    mask = ir.Constant(ir.VectorType(I32, len(lanes)), lanes)
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _half(builder, base, offset: int):
+    """The float16 at base + offset as float32."""
+    ptr = builder.bitcast(builder.gep(base, [ir.Constant(I32, offset)]), ir.HalfType().as_pointer())
+    return builder.fpext(builder.load(ptr, align=1), ir.FloatType())
+
+
+def q2_k(builder, b):
+    codes = []
+    for h in range(2):
+        q = _bytes(builder, b, 16 + 32 * h, 32)
+        codes += [_fields(builder, q, (4 * p, 4 * p + 2), 3) for p in range(2)]
+    sc = builder.zext(_bytes(builder, b, 0, 16), I32x16)
+    a, m = builder.and_(sc, _splat(sc, 15)), builder.lshr(sc, _splat(sc, 4))
+    return codes, a, m, _half(builder, b, 80), _half(builder, b, 82)
+
+
+def _scale_bits(builder, b, offset: int, n: int, step: int, mask: int):
+    """<16 x i32>: lane s is (b[offset + s % n] >> (step (s // n))) & mask."""
+    v = builder.zext(_spread(builder, _bytes(builder, b, offset, n), [s % n for s in range(16)]),
+                     I32x16)  # fmt: skip
+    shifts = ir.Constant(I32x16, [step * (s // n) for s in range(16)])
+    return builder.and_(builder.lshr(v, shifts), _splat(v, mask))
+
+
+def q3_k(builder, b):
+    hmask, codes = _bytes(builder, b, 0, 32), []
+    for h in range(2):
+        q = _bytes(builder, b, 32 + 32 * h, 32)
+        for p in range(2):
+            high = _fields(builder, hmask, (4 * h + 2 * p, 4 * h + 2 * p + 1), 1)
+            low = _fields(builder, q, (4 * p, 4 * p + 2), 3)
+            codes.append(builder.or_(low, builder.shl(high, _splat(high, 2))))
+    # scale s: 4 bits of byte 96 + s % 8 (shift 4 (s // 8)), 2 of byte 104 + s % 4 (2 (s // 4))
+    low = _scale_bits(builder, b, 96, 8, 4, 15)
+    high = _scale_bits(builder, b, 104, 4, 2, 3)
+    a = builder.sub(builder.or_(low, builder.shl(high, _splat(high, 4))), _splat(low, 32))
+    d = _half(builder, b, 108)
+    return codes, a, builder.shl(a, _splat(a, 2)), d, d  # x = d a (c - 4)
+
+
+def _scale_min_k4(builder, b):
+    """The 8 6-bit scales and mins of q4_k / q5_k (bytes 4..15), each over 2 lanes of 16."""
+
+    def run(offset):
+        four = _bytes(builder, b, offset, 4)
+        return builder.zext(_spread(builder, four, [s % 4 for s in range(8)]),
+                            ir.VectorType(I32, 8))  # fmt: skip
+
+    s_, m_, both = run(4), run(8), run(12)
+    first = ir.Constant(ir.VectorType(ir.IntType(1), 8), [s < 4 for s in range(8)])
+
+    def pick(v, tail):
+        high = builder.shl(builder.lshr(v, _splat(v, 6)), _splat(v, 4))
+        return builder.select(first, builder.and_(v, _splat(v, 63)), builder.or_(tail, high))
+
+    sc = pick(s_, builder.and_(both, _splat(both, 15)))
+    mn = pick(m_, builder.lshr(both, _splat(both, 4)))
+    twice = [s // 2 for s in range(16)]
+    return _spread(builder, sc, twice), _spread(builder, mn, twice)
+
+
+def q45_k(builder, b, five: bool):
+    qs, codes = 48 if five else 16, []
+    qh = _bytes(builder, b, 16, 32) if five else None
+    for v in range(4):  # sub-blocks of 32 2 v (low nibbles of run v) and 2 v + 1 (high)
+        c = _fields(builder, _bytes(builder, b, qs + 32 * v, 32), (0, 4), 15)
+        if five:
+            high = _fields(builder, qh, (2 * v, 2 * v + 1), 1)
+            c = builder.or_(c, builder.shl(high, _splat(high, 4)))
+        codes.append(c)
+    a, m = _scale_min_k4(builder, b)
+    return codes, a, m, _half(builder, b, 0), _half(builder, b, 2)
+
+
+def q6_k(builder, b):
+    codes = []
+    for h in range(2):
+        ql, qh = _bytes(builder, b, 64 * h, 64), _bytes(builder, b, 128 + 32 * h, 32)
+        for p in range(2):  # elements 128 h + 64 p ..: fields 2 p and 2 p + 1
+            low = builder.and_(builder.lshr(ql, _splat(ql, 4 * p)) if p else ql, _splat(ql, 15))
+            high = _fields(builder, qh, (4 * p, 4 * p + 2), 3)
+            codes.append(builder.or_(low, builder.shl(high, _splat(high, 4))))
+    a = builder.sext(_bytes(builder, b, 192, 16), I32x16)
+    d = _half(builder, b, 208)
+    return codes, a, builder.shl(a, _splat(a, 5)), d, d  # x = d a (c - 32)
+
+
+DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
+            Q5_K: lambda bd, b: q45_k(bd, b, True), Q6_K: q6_k}  # fmt: skip
+
+
+def _k_block(fmt: int):
+    @intrinsic
+    def k_block(typingctx, acc, mins, at, blocks, bo, xq, xo, xd16, xb16, so):
+        """acc[at:at + 16] += the D a_s xd_s (c . xq) of one super-block of a row,
+        blocks[bo:bo + nbytes], with xq[xo:xo + 256]; mins[at:at + 16] -= its M b_s xd_s
+        sum(xq_s). xd16[so + s], xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
+
+        def codegen(context, builder, sig, args):
+            def ptr(k, at_arg):
+                ary = context.make_array(sig.args[k])(context, builder, args[k])
+                return builder.gep(ary.data, [args[at_arg]])
+
+            def lanes(k, at_arg):
+                return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
+
+            codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
+            xd = builder.load(lanes(7, 9), align=4)
+            undef = ir.Constant(F32x16, ir.Undefined)
+            splat = [0] * 16
+
+            def times(v, f):  # float(v) * f (a scalar)
+                fv = builder.insert_element(undef, f, ir.Constant(I32, 0))
+                return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, splat))
+
+            w = builder.fmul(times(a, d), xd)
+            x = ptr(5, 6)
+            acc_at = lanes(0, 2)
+            total = builder.load(acc_at, align=4)
+            for v in range(4):
+                xv = _bytes(builder, x, 64 * v, 64)
+                wv = _spread(builder, w, [4 * v + lane // 4 for lane in range(16)])
+                product = builder.fmul(builder.sitofp(dot_u8(builder, codes[v], xv), F32x16), wv,
+                                       flags=["contract"])  # fmt: skip
+                total = builder.fadd(total, product, flags=["contract"])
+            builder.store(total, acc_at, align=4)
+            mins_at = lanes(1, 2)
+            xb = builder.load(lanes(8, 9), align=4)
+            taken = builder.fmul(times(m, dmin), xb, flags=["contract"])
+            builder.store(builder.fsub(builder.load(mins_at, align=4), taken, flags=["contract"]),
+                          mins_at, align=4)  # fmt: skip
+
+        sig = types.void(acc, mins, types.intp, blocks, types.intp, xq, types.intp, xd16, xb16,
+                         types.intp)  # fmt: skip
+        return sig, codegen
+
+    return k_block
+
+
+k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6 = (
+    _k_block(f) for f in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+)
