@@ -42,15 +42,21 @@ class Sweep(NamedTuple):
     kv: tuple[str, ...] = ("f32",)
 
 
+Q = ["q8_0", "q4_0", "q4_1", "q5_0"]  # quantized formats every synthetic model runs
+K = ["q4_k", "q6_k"]  # K-quants: rows a multiple of 256 (TinyLlama, not SmolLM2-360M's 960)
 SWEEPS = [
-    Sweep("smollm2-135m", "numba", ["f32", "q8_0", None], (0, 1024, 4096), (None, 1024)),
-    Sweep("smollm2-135m", "numba", [None], (4096,), kv=("f16", "q8_0")),
+    Sweep("smollm2-135m", "numba-f32", ["f32", "q8_0", None], (0, 1024, 4096), (None, 1024)),
+    Sweep("smollm2-135m", "numba-f32", [None], (4096,), kv=("f16", "q8_0")),
+    Sweep("smollm2-135m", "numba-int8", ["q8_0", None], (0, 4096)),
     Sweep("smollm2-135m", "numpy", ["f32", "q8_0", None], (0, 4096)),
-    Sweep("synthetic:smollm2-360m", "numba", ["f32", "q8_0", "q4_0", "q4_1"], (0, 4096)),
+    Sweep("synthetic:smollm2-360m", "numba-f32", ["f32", *Q], (0, 4096)),
+    Sweep("synthetic:smollm2-360m", "numba-int8", Q, (0,)),
     Sweep("synthetic:smollm2-360m", "numpy", ["f32", "q8_0", "q4_0"], (0,)),
-    Sweep("synthetic:tinyllama-1.1b", "numba", ["f32", "q8_0", "q4_0", "q4_1"], (0,)),
+    Sweep("synthetic:tinyllama-1.1b", "numba-f32", ["f32", *Q, *K], (0,)),
+    Sweep("synthetic:tinyllama-1.1b", "numba-int8", Q + K, (0,)),
     Sweep("synthetic:tinyllama-1.1b", "numpy", ["f32", "q8_0"], (0,)),
-    Sweep("qwen2.5-coder-0.5b", "numba", [None, "q8_0", "f32"], (0, 4096)),
+    Sweep("qwen2.5-coder-0.5b", "numba-f32", [None, "q8_0", "f32"], (0, 4096)),
+    Sweep("qwen2.5-coder-0.5b", "numba-int8", [None, "q8_0"], (0, 4096)),
     Sweep("qwen2.5-coder-0.5b", "numpy", [None], (0,)),
 ]
 
@@ -86,6 +92,8 @@ def verdict(r: Row) -> str:
     if r.kernels.startswith("numpy") and r.weights.startswith("q"):
         return "NumPy-bound: converting codes to float32 costs more than reading them"
     codes = {f for f in r.weights.replace("+", "/").split("/")[0:-1] or [r.weights]}
+    if "int8 dot" in r.kernels:
+        return "integer kernel below the DRAM roof: unpacking codes, not multiplying, takes the time"
     if r.kernels.startswith("numba") and codes - {"f32", "f16", "bf16", "q8_0"}:
         return "compute-bound: unpacking 4-6 bit codes takes more vector work than streaming them"
     keys = min(r.depth, r.window) if r.window else r.depth  # positions attended
