@@ -1,6 +1,7 @@
-"""Decode kernels with int8 activations: y = W @ x for the block formats q8_0, q4_0 and
-q4_1, with x rounded to int8 once per product and multiplied by the codes in integer
-lanes, as llama.cpp does (its vec_dot_type q8_0 / q8_1).
+"""Decode kernels with int8 activations: y = W @ x for every quantized format (q8_0, q4_0,
+q4_1, q5_0, q5_1 and the K-quants q2_k..q6_k), with x rounded to int8 once per product
+and multiplied by the codes in integer lanes, as llama.cpp does (its vec_dot_type q8_0 /
+q8_1; for the K-quants it rounds per 256 values, q8_K, where these round per 32).
 
 x, per block of 32 values:  d = max|x| / 127,  xq = rint(x / d) (int8),  sum(xq).
 Then for a row's block with scale w_d (and min w_m):
@@ -8,12 +9,14 @@ Then for a row's block with scale w_d (and min w_m):
     q8_0   w_d d (q . xq)
     q4_0   w_d d ((q - 8) . xq)  =  w_d d (q . xq - 8 sum(xq))
     q4_1   w_d d (q . xq)  +  w_m d sum(xq)
+    q5_x   as q4_x, with each code's fifth bit (offset 16 for q5_0)
+    K      per sub-block of 16, D a_s d (c . xq) - M b_s d sum(xq) (simd_k.py)
 
 The integer dot products are exact (simd.py: one `vpdpbusd` per 64 byte products on
 AVX-512 VNNI); what differs from the float kernels (matvec.py) is x's rounding, a
-relative error of at most 1/254 of a block's largest |x| per value. The layout is
-matvec.py's (groups of 4 rows, interleaved block by block), so a weight reads the same
-bytes either way and the meter counts the same.
+relative error of at most 1/254 of a block's largest |x| per value. The layouts are
+the float kernels' (groups of 4 rows, interleaved block by block: matvec.py, ggml.py),
+so a weight reads the same bytes either way and the meter counts the same.
 
 `quant.intdot` is the NumPy reference of the same arithmetic; tests hold these kernels
 to it exactly where no float rounding intervenes, and to the float kernels within a
