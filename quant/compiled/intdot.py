@@ -104,7 +104,7 @@ def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
     has_min, five = factor > 0, bits.shape[1] > 0
-    per_lane = np.int32(0) if has_min else np.int32(-factor / 4)  # of sum(x): 4 lanes a row
+    per_lane = np.int32(0) if has_min else np.int32(np.int32(-factor) // 4)  # 4 lanes a row
     per = CHUNK // GROUP
     for c in prange((groups + per - 1) // per):
         acc = carray(stack_f32(16), 16)
