@@ -61,14 +61,15 @@ def _call(builder, name: str, ret, args):
     return builder.call(fn, args)
 
 
-def _half(builder, v, n: int, k: int):
+def _part(builder, v, n: int, k: int):
     """Part k of n equal parts of vector v."""
     size = v.type.count // n
     mask = ir.Constant(ir.VectorType(I32, size), list(range(k * size, (k + 1) * size)))
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
-def _concat(builder, a, b):
+def concat(builder, a, b):
+    """Two <n x T> -> <2n x T>."""
     n = a.type.count
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
 
@@ -93,14 +94,14 @@ def dot_u8(builder, u, s):
     parts = []
     for k in range(2):
         pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16),
-                      [_half(builder, u, 2, k), _half(builder, s, 2, k)])  # fmt: skip
+                      [_part(builder, u, 2, k), _part(builder, s, 2, k)])  # fmt: skip
         parts.append(_call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), [pairs, ones]))
-    return _concat(builder, parts[0], parts[1])
+    return concat(builder, parts[0], parts[1])
 
 
 def dot_i8(builder, q, s):
-    """dot_u8 for signed bytes q (int8 codes, -128..127) and s (x, -127..127). The caller
-    takes `dot_i8_bias(x block sum)` off the row's total (VNNI only; else 0)."""
+    """dot_u8 for signed bytes q (int8 codes, -128..127) and s (x, -127..127). On VNNI q is
+    read as q + 128, so the caller takes 128 sum(s) off each row's total (q8_block)."""
     if VNNI:
         return dot_u8(builder, builder.xor(q, ir.Constant(I8x64, [-128] * 64)), s)
     zero = ir.Constant(I8x64, None)
@@ -205,20 +206,16 @@ def _fifth_bits(builder, context, sig, args, k: int, at: int, high: bool):
     )
 
 
-def _nibble_block(builder, context, sig, args, bits_at: int | None):
-    """The codegen of q4_block (bits_at None) and q5_block (the bit words are arguments
-    bits_at, bits_at + 1): argument positions after the codes shift by two for q5."""
+def _nibble_block(builder, context, sig, args, five: bool):
+    """The codegen of q4_block and q5_block (five: its bit words are arguments 3 and 4, and
+    the arguments after them shift by two)."""
     v = _load(builder, context, sig, args, 1, 2, I8x64)
     low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
     high = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
     k = 3
-    if bits_at is not None:
-        low = builder.or_(
-            low, _fifth_bits(builder, context, sig, args, bits_at, bits_at + 1, False)
-        )
-        high = builder.or_(
-            high, _fifth_bits(builder, context, sig, args, bits_at, bits_at + 1, True)
-        )
+    if five:
+        low = builder.or_(low, _fifth_bits(builder, context, sig, args, 3, 4, False))
+        high = builder.or_(high, _fifth_bits(builder, context, sig, args, 3, 4, True))
         k = 5
     ary = context.make_array(sig.args[k])(context, builder, args[k])
     at = builder.gep(ary.data, [args[k + 1]])
@@ -241,7 +238,7 @@ def q4_block(typingctx, acc, codes, co, xq, xo, lane_bias, scales, so, xd):
     8 sum(x) a row), q4_1 passes 0."""
 
     def codegen(context, builder, sig, args):
-        _nibble_block(builder, context, sig, args, None)
+        _nibble_block(builder, context, sig, args, False)
 
     sig = types.void(
         acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
@@ -255,7 +252,7 @@ def q5_block(typingctx, acc, codes, co, bits, bo, xq, xo, lane_bias, scales, so,
     bits[bo:bo + 4] (bit j: element j). q5_0 passes 4 sum(x) as lane_bias (codes q + 16)."""
 
     def codegen(context, builder, sig, args):
-        _nibble_block(builder, context, sig, args, 3)
+        _nibble_block(builder, context, sig, args, True)
 
     sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, types.int32,
                      scales, types.intp, types.float32)  # fmt: skip

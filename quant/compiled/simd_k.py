@@ -16,9 +16,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from .simd import I8, I32, F32x16, dot_u8
-
-I32x16 = ir.VectorType(I32, 16)
+from .simd import I8, I32, F32x16, I32x16, concat, dot_u8
 
 
 def _bytes(builder, base, offset: int, n: int):
@@ -31,17 +29,11 @@ def _splat(v, k: int):
     return ir.Constant(v.type, [k] * v.type.count)
 
 
-def _cat(builder, a, b):
-    """Two <n x T> -> <2n x T>."""
-    n = a.type.count
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
-
-
 def _fields(builder, v, shifts: tuple[int, int], mask: int):
     """<64 x i8>: the field (byte >> shift) & mask of the 32 bytes v, first with shifts[0],
     then with shifts[1]."""
     lo, hi = (builder.lshr(v, _splat(v, k)) if k else v for k in shifts)
-    both = _cat(builder, lo, hi)
+    both = concat(builder, lo, hi)
     return builder.and_(both, _splat(both, mask))
 
 
@@ -51,7 +43,7 @@ def _spread(builder, v, lanes: list[int]):
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
-def _half(builder, base, offset: int):
+def _float16(builder, base, offset: int):
     """The float16 at base + offset as float32."""
     ptr = builder.bitcast(builder.gep(base, [ir.Constant(I32, offset)]), ir.HalfType().as_pointer())
     return builder.fpext(builder.load(ptr, align=1), ir.FloatType())
@@ -64,7 +56,7 @@ def q2_k(builder, b):
         codes += [_fields(builder, q, (4 * p, 4 * p + 2), 3) for p in range(2)]
     sc = builder.zext(_bytes(builder, b, 0, 16), I32x16)
     a, m = builder.and_(sc, _splat(sc, 15)), builder.lshr(sc, _splat(sc, 4))
-    return codes, a, m, _half(builder, b, 80), _half(builder, b, 82)
+    return codes, a, m, _float16(builder, b, 80), _float16(builder, b, 82)
 
 
 def _scale_bits(builder, b, offset: int, n: int, step: int, mask: int):
@@ -87,7 +79,7 @@ def q3_k(builder, b):
     low = _scale_bits(builder, b, 96, 8, 4, 15)
     high = _scale_bits(builder, b, 104, 4, 2, 3)
     a = builder.sub(builder.or_(low, builder.shl(high, _splat(high, 4))), _splat(low, 32))
-    d = _half(builder, b, 108)
+    d = _float16(builder, b, 108)
     return codes, a, builder.shl(a, _splat(a, 2)), d, d  # x = d a (c - 4)
 
 
@@ -122,7 +114,7 @@ def q45_k(builder, b, five: bool):
             c = builder.or_(c, builder.shl(high, _splat(high, 4)))
         codes.append(c)
     a, m = _scale_min_k4(builder, b)
-    return codes, a, m, _half(builder, b, 0), _half(builder, b, 2)
+    return codes, a, m, _float16(builder, b, 0), _float16(builder, b, 2)
 
 
 def q6_k(builder, b):
@@ -134,7 +126,7 @@ def q6_k(builder, b):
             high = _fields(builder, qh, (4 * p, 4 * p + 2), 3)
             codes.append(builder.or_(low, builder.shl(high, _splat(high, 4))))
     a = builder.sext(_bytes(builder, b, 192, 16), I32x16)
-    d = _half(builder, b, 208)
+    d = _float16(builder, b, 208)
     return codes, a, builder.shl(a, _splat(a, 5)), d, d  # x = d a (c - 32)
 
 

@@ -17,6 +17,7 @@ fastest matrix product NumPy has.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -410,11 +411,15 @@ class CQ8_0Int8Weight(CQ8_0Weight):
 class CompiledNibbleInt8Weight(CompiledNibbleWeight):
     dot = "int8"
 
+    @cached_property
+    def _no_bits(self) -> np.ndarray:
+        """matvec_q4's `bits` for a 4-bit format: none per group (made once, not per call)."""
+        return np.empty((self.codes.shape[0], 0), np.uint32)
+
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
         mins, factor = self._mins()
-        no_bits = np.empty((self.codes.shape[0], 0), np.uint32)
-        intdot.matvec_q4(self.codes, self.scales, mins, factor, no_bits, x, norm, eps, mode,
-                         add, out)  # fmt: skip
+        intdot.matvec_q4(self.codes, self.scales, mins, factor, self._no_bits, x, norm, eps,
+                         mode, add, out)  # fmt: skip
 
 
 class CompiledQ5Int8Weight(CompiledQ5Weight):
