@@ -4,8 +4,8 @@
   float32 scales (quant.blocks); quantized kernels run on the process team.
 - numba: compiled kernels (quant.compiled), an optional extra (`pip install
   'llama-np[fast]'`). Block formats keep groups of 4 interleaved rows with float16 scales;
-  keys are stored in tiles of 16 slots. Its decode products multiply q8_0, q4_0 and q4_1
-  by x rounded to int8 per block of 32, as llama.cpp does ("numba-int8",
+  keys are stored in tiles of 16 slots. Its decode products multiply every quantized
+  format by x rounded to int8 per block of 32, as llama.cpp does ("numba-int8",
   quant.compiled.intdot), or by x in float32 ("numba-f32"); "numba" is DEFAULT_DOT.
 
 A backend decides the in-memory layout of every matrix (its Weight classes) and of the
