@@ -46,7 +46,7 @@ def choose_backend(kernels: str = "auto") -> Backend:
 
 class LLM:
     """A model with its tokenizer. `close()` (or leaving a `with` block) stops its kernel
-    threads or processes (its kernels then run in this process only)."""
+    threads (its kernels then run on one thread)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer | None, path: Path) -> None:
         self.model = model

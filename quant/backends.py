@@ -1,7 +1,8 @@
 """Kernel backends: who multiplies the matrices and reads the KV cache, chosen once, at load.
 
-- numpy: the readable reference, always present. Block formats keep transposed tiles with
-  float32 scales (quant.blocks); quantized kernels run on the process team.
+- numpy: the readable reference, always present. Block formats keep transposed panels
+  with float32 scales (quant.blocks); quantized products split their panels over plain
+  threads (quant.threads).
 - numba: compiled kernels (quant.compiled), an optional extra (`pip install
   'llama-np[fast]'`). Block formats keep groups of 4 interleaved rows with float16 scales;
   keys are stored in tiles of 16 slots. Its decode products multiply every quantized
@@ -16,12 +17,13 @@ speed-of-light model asks the backend for the same numbers.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from threadpoolctl import threadpool_limits
 
-from . import parallel
+from . import threads as numpy_threads
 from .base import Matrix, Weight
 from .errors import QuantError
 
@@ -37,12 +39,31 @@ class BackendUnavailable(QuantError):
     exit_code = 2
 
 
+@dataclass
+class Running:
+    """What `Backend.start` started: how the kernels run, for reports ("numba omp, 2
+    threads"), and how to stop it (give BLAS back its threads)."""
+
+    label: str
+    on_close: Callable[[], object] | None = None
+
+    def close(self) -> None:
+        if self.on_close:
+            self.on_close()
+            self.on_close = None
+
+
 @dataclass(frozen=True)
 class Backend:
-    name: str  # "numpy" or "numba"
+    """A kernel backend, chosen once at load: the class of each format in its layout,
+    the keys' layout in the KV cache, and whether the forward pass runs its fused decode
+    operations (`fused`: llama_np.model.ops_compiled) or the NumPy reference's."""
+
+    name: str
     formats: Mapping[str, type[Weight]]  # format name -> this backend's class
     tiled_keys: bool  # keys stored in tiles of 16 slots (quant.kv)
-    dot: str = "f32"  # x in decode products: "f32", or "int8" where a format has a kernel
+    dot: str = "f32"  # x in quantized decode products: "f32", or "int8" (quant.intdot)
+    fused: ClassVar[bool] = False
 
     def weight_class(self, fmt: str) -> type[Weight]:
         try:
@@ -62,41 +83,51 @@ class Backend:
             return cls.from_arrays(w.shape, w.export())
         return cls.from_float(w.dequantize())
 
-    def start(self, matrices: list[Matrix], threads: int) -> parallel.Team | parallel.Solo:
-        """Run the kernels of these matrices on `threads` cores; the result's `label` says
-        how ("numba omp, 2 threads"), and its `close()` stops what was started and gives
-        BLAS back the threads it had.
+    def start(self, matrices: list[Matrix], threads: int) -> Running:
+        """Run the kernels of these matrices on `threads` cores until the result is closed."""
+        raise NotImplementedError
 
-        numba: each decode kernel splits its rows over `threads` numba threads; BLAS gets
-        `threads` for prefill's products. numpy: float32 matrices go to BLAS, which threads
-        them itself (faster than a hand-over between processes: 35.3 vs 38.5 ms/token on
-        SmolLM2 f32); every other format converts its codes in NumPy, one core per call,
-        so their rows are split between `threads` processes (quant.parallel), each with
-        one BLAS thread."""
-        if self.name == "numba":
-            from . import compiled
 
+class NumpyBackend(Backend):
+    def start(self, matrices: list[Matrix], threads: int) -> Running:
+        """Float32 matrices go to BLAS, which threads them itself; every other format
+        converts its codes in NumPy panel by panel, the panels split over `threads` plain
+        threads (quant.threads), each calling BLAS on one thread."""
+        quantized = any(w.fmt != "f32" for m in matrices for w in m.leaves())
+        if not quantized or threads < 2:
             blas = threadpool_limits(threads, user_api="blas")
-            n = compiled.set_threads(threads)
-            label = f"numba {compiled.threading_layer()}, {n} threads"
-            if any(w.dot == "int8" for m in matrices for w in m.leaves()):
-                label += f", int8 dot ({compiled.DOT_INSTRUCTION})"
-            return parallel.Solo(label, blas.restore_original_limits)
-        if any(w.fmt != "f32" for m in matrices for w in m.leaves()):
-            blas = threadpool_limits(1, user_api="blas")  # the workers' BLAS too
-            workers = parallel.start(matrices, threads, blas.restore_original_limits)
-            if workers.ranks > 1:
-                return workers
+            return Running(f"numpy, BLAS {threads} threads", blas.restore_original_limits)
+        blas = threadpool_limits(1, user_api="blas")
+        n = numpy_threads.set_threads(threads)
+
+        def stop() -> None:
+            numpy_threads.set_threads(1)
             blas.restore_original_limits()
+
+        return Running(f"numpy, {n} threads", stop)
+
+
+class NumbaBackend(Backend):
+    fused = True
+
+    def start(self, matrices: list[Matrix], threads: int) -> Running:
+        """Each decode kernel splits its rows over `threads` numba threads; BLAS gets
+        `threads` for long prompts' products."""
+        from . import compiled
+
         blas = threadpool_limits(threads, user_api="blas")
-        return parallel.Solo(f"numpy, BLAS {threads} threads", blas.restore_original_limits)
+        n = compiled.set_threads(threads)
+        label = f"numba {compiled.threading_layer()}, {n} threads"
+        if self.dot == "int8":
+            label += f", int8 dot ({compiled.DOT_INSTRUCTION})"
+        return Running(label, blas.restore_original_limits)
 
 
 @functools.cache
 def numpy_backend() -> Backend:
     from . import FORMATS
 
-    return Backend("numpy", FORMATS, tiled_keys=False)
+    return NumpyBackend("numpy", FORMATS, tiled_keys=False)
 
 
 def numba_importable() -> bool:
@@ -116,17 +147,17 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
         raise BackendUnavailable(f"--kernels numba needs numba ({e}): {INSTALL_HINT}") from None
     from .kv import KV_FORMATS
 
-    formats = compiled.INT8_FORMATS if dot == "int8" else compiled.FORMATS
     try:
-        compiled.warm_up(formats, list(KV_FORMATS))
+        compiled.warm_up(compiled.FORMATS, list(KV_FORMATS), dot)
     except Exception as e:  # numba's compile errors have no common base class
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None
-    return Backend("numba", formats, tiled_keys=True, dot=dot)
+    return NumbaBackend("numba", compiled.FORMATS, tiled_keys=True, dot=dot)
 
 
 def get_backend(kernels: str = "auto") -> Backend:
-    """ "auto": numba when it can be imported, else numpy."""
+    """The backend a --kernels choice names. "auto": numba when it can be imported, else
+    numpy."""
     if kernels == "numpy":
         return numpy_backend()
     if kernels in ("numba", "numba-int8", "numba-f32"):

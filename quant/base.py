@@ -16,22 +16,7 @@ from typing import ClassVar, Self
 import numpy as np
 
 from .errors import QuantError
-
-
-class Workspace:
-    """Scratch buffers that one process's kernels reuse from call to call, owned by whoever
-    runs the kernels (quant.parallel). A fresh 4 MiB tile buffer per call would page-fault:
-    SmolLM2 q8_0 decodes in 19.9 ms/token with reuse, 25.9 without (NumPy kernels, paired
-    runs of `llama-np bench --kernels numpy --weights q8_0 -p 32 -n 64 -r 3`)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple, np.ndarray] = {}
-
-    def get(self, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
-        buf = self._buffers.get((shape, dtype))
-        if buf is None:
-            buf = self._buffers[(shape, dtype)] = np.empty(shape, dtype)
-        return buf
+from .ggml import LAYOUTS, Layout, assemble, check_blocks, quantize, random_blocks
 
 
 class Matrix(ABC):
@@ -82,34 +67,12 @@ class Matrix(ABC):
         return np.concatenate([self.dequantize(int(i), int(i) + 1) for i in ids])
 
     @abstractmethod
-    def splits(self) -> list[int]:
-        """Row boundaries where the kernels may cut the matrix between processes (tile
-        edges), from 0 to rows."""
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W @ x for a float32 vector x (cols,) -> (rows,): the decode product."""
 
     @abstractmethod
-    def matvec_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        """out = (W @ x)[r0:r1], for r0, r1 in `splits()`: the decode kernel."""
-
-    @abstractmethod
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        """out = (x @ W.T)[:, r0:r1] for x (T, cols): the prefill kernel."""
-
-    def matvec(self, x: np.ndarray, work: Workspace | None = None) -> np.ndarray:
-        """W @ x for a float32 vector x (cols,), in this process (quant.parallel splits
-        the rows between processes)."""
-        out = np.empty(self.shape[0], np.float32)
-        self.matvec_rows(x, 0, self.shape[0], out, work or Workspace())
-        return out
-
-    def matmul(self, x: np.ndarray, work: Workspace | None = None) -> np.ndarray:
-        """x @ W.T for float32 x (T, cols) -> (T, rows), in this process."""
-        out = np.empty((x.shape[0], self.shape[0]), np.float32)
-        self.matmul_rows(x, 0, self.shape[0], out, work or Workspace())
-        return out
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T for float32 x (T, cols) -> (T, rows): the prefill and batch product."""
 
     @abstractmethod
     def slice_rows(self, r0: int, r1: int) -> Weight:
@@ -198,3 +161,64 @@ def check_float_matrix(w: np.ndarray, fmt: str) -> np.ndarray:
         bad = np.argwhere(~np.isfinite(w))[0]
         raise QuantError(f"{fmt}: the matrix holds NaN or infinity (first at {tuple(bad)})")
     return w
+
+
+class BlockFormat(Weight):
+    """What a GGML block format (quant.ggml) is in every backend: its row of the table,
+    and building from and saving to the blocks GGUF stores. A backend's class for a
+    format says how it lays the blocks out (`lay_out`), gets them back (`to_blocks`) and
+    multiplies them; the checks, quantizing, random codes and export are these."""
+
+    layout: ClassVar[Layout]  # set from quant.ggml.LAYOUTS by `fmt`
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "fmt" in cls.__dict__:
+            cls.layout = LAYOUTS[cls.fmt]
+            cls.bits_per_weight = cls.layout.bits_per_weight
+
+    def __init__(self, shape: tuple[int, int], blocks: np.ndarray) -> None:
+        """blocks: (rows, bytes per row) as GGUF stores them, or any array of those bytes."""
+        super().__init__(shape)
+        self.lay_out(check_blocks(self.fmt, self.shape, blocks))
+
+    @abstractmethod
+    def lay_out(self, blocks: np.ndarray) -> None:
+        """Keep the checked blocks (rows, bytes per row) in this backend's layout."""
+
+    @abstractmethod
+    def to_blocks(self) -> np.ndarray:
+        """The blocks as GGUF stores them, (rows, bytes per row) uint8."""
+
+    @classmethod
+    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
+        return cls(shape, raw)
+
+    @classmethod
+    def from_raw(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
+        return cls(shape, raw)
+
+    @classmethod
+    def from_float(cls, w: np.ndarray) -> Self:
+        w = check_float_matrix(w, cls.fmt)
+        return cls(w.shape, quantize(w, cls.fmt))
+
+    @classmethod
+    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
+        """Random codes, sane float16 scales (quant.ggml.random_blocks)."""
+        return cls(shape, random_blocks(cls.fmt, shape[0], shape[1], rng))
+
+    def export(self) -> dict[str, np.ndarray]:
+        return {"blocks": self.to_blocks()}
+
+    @classmethod
+    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
+        """From `export()`; also from the codes, scales (and mins) that llama-np saved
+        q8_0, q4_0 and q4_1 as before their blocks were saved whole."""
+        if "blocks" in arrays:
+            return cls(shape, arrays["blocks"])
+        try:
+            halves = [arrays["scales"]] + ([arrays["mins"]] if cls.layout.has_min else [])
+            return cls(shape, assemble(halves, arrays["codes"]))
+        except KeyError as e:
+            raise QuantError(f"{cls.fmt}: missing array {e}") from None

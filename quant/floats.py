@@ -1,17 +1,17 @@
-"""Float formats: f32 (BLAS directly), f16 and bf16 (converted tile by tile, then BLAS)."""
+"""Float formats: f32 (BLAS directly), f16 and bf16 (converted panel by panel, then BLAS)."""
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import ClassVar, Self
 
 import numpy as np
 
-from .base import Weight, Workspace, check_float_matrix
+from . import threads
+from .base import Weight, check_float_matrix
 from .errors import QuantError
 
 # Elements converted per NumPy call: large enough that the 2-4 us a call costs fades.
-TILE_ELEMS = 1 << 18
+PANEL_ELEMS = 1 << 18
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -84,22 +84,15 @@ class F32Weight(Weight):
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.w[ids]
 
-    def splits(self) -> list[int]:
-        return [*range(0, self.shape[0], 16), self.shape[0]]
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return self.w @ x  # BLAS, on its own threads
 
-    def matvec_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        np.matmul(self.w[r0:r1], x, out=out)
-
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        np.matmul(x, self.w[r0:r1].T, out=out)
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.w.T
 
 
 class _Float16Bits(Weight):
-    """Common part of f16 and bf16: one uint16 per weight, converted in tiles."""
+    """Common part of f16 and bf16: one uint16 per weight, converted in panels."""
 
     bits_per_weight = 16.0
 
@@ -133,24 +126,22 @@ class _Float16Bits(Weight):
     def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
         return cls(arrays["bits"].reshape(shape))
 
-    def splits(self) -> list[int]:
-        """Tiles of about TILE_ELEMS elements: each is converted, then multiplied."""
-        step = max(1, TILE_ELEMS // self.shape[1])
-        return [*range(0, self.shape[0], step), self.shape[0]]
+    def _panels(self) -> list[tuple[int, int]]:
+        """Row ranges of about PANEL_ELEMS weights: each is converted, then multiplied."""
+        step = max(1, PANEL_ELEMS // self.shape[1])
+        return [(r, min(self.shape[0], r + step)) for r in range(0, self.shape[0], step)]
 
-    def matvec_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        cuts = [s for s in self.splits() if r0 <= s <= r1]
-        for a, b in pairwise(cuts):
-            np.matmul(self.dequantize(a, b), x, out=out[a - r0 : b - r0])
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(self.shape[0], np.float32)
+        threads.for_each(lambda p: np.matmul(self.dequantize(*p), x, out=out[p[0] : p[1]]),
+                         self._panels())  # fmt: skip
+        return out
 
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        cuts = [s for s in self.splits() if r0 <= s <= r1]
-        for a, b in pairwise(cuts):
-            np.matmul(x, self.dequantize(a, b).T, out=out[:, a - r0 : b - r0])
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        threads.for_each(lambda p: np.matmul(x, self.dequantize(*p).T, out=out[:, p[0] : p[1]]),
+                         self._panels())  # fmt: skip
+        return out
 
 
 class F16Weight(_Float16Bits):

@@ -1,8 +1,12 @@
-"""GGML's 5-bit and K-quant formats as stored in GGUF files, read bit for bit as the `gguf`
-package's reference (gguf.quants.dequantize) reads them.
+"""GGML's block formats, as GGUF files store them: one table row per format, and the
+decoders and quantizers every kernel backend shares, bit for bit the `gguf` package's
+reference (gguf.quants).
 
+    q8_0  blocks of 32, 34 bytes: d f16, 32 int8 q: x = d q               8.5 bits/weight
+    q4_0  blocks of 32, 18 bytes: d f16, 16 bytes of nibbles: x = d (q - 8)        4.5
+    q4_1  blocks of 32, 20 bytes: d, m f16, nibbles: x = d q + m                   5.0
     q5_0  blocks of 32, 22 bytes: d f16, 4 bytes of fifth bits, 16 bytes of nibbles
-          x = d (q - 16)                                                  5.5 bits/weight
+          x = d (q - 16)                                                  5.5
     q5_1  blocks of 32, 24 bytes: d, m f16, fifth bits, nibbles: x = d q + m     6.0
     q2_k  super-blocks of 256, 84 bytes: 16 sub-blocks of 16, a 4-bit scale and a 4-bit
           min each under f16 d, dmin; 2-bit q: x = d sc q - dmin m        2.625
@@ -14,65 +18,116 @@ package's reference (gguf.quants.dequantize) reads them.
     q6_k  210 bytes: 16 sub-blocks of 16, int8 scales under d; 6-bit q: x = d sc (q - 32)
                                                                           6.5625
 
-Every one of them decodes, per sub-block s, to integer codes c and two float32 numbers:
-x = D_s c + M_s (D_s = d sc exactly, M_s = -dmin m, or 0). `decode` returns that form,
-from which both kernel backends work: the NumPy one keeps it (int8 codes, a float32 scale
-and min per sub-block), the compiled one decodes the stored bytes in registers.
+In the 4-bit codes element j of a block is the low nibble of byte j, element j + 16 the
+high nibble. Every format decodes, per sub-block s, to integer codes c and two float32
+numbers: x = D_s c + M_s (D_s = d sc exactly, M_s = -dmin m, or 0). `decode` returns
+that form: the NumPy kernels multiply it, the int8 reference (quant.intdot) too; the
+compiled kernels decode the stored bytes in registers.
+
+Words: a *block* is the format's unit at rest (32 weights, or a K-quant's super-block of
+256); a *sub-block* the run of weights sharing one scale (and min).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import ClassVar, Self
 
 import numpy as np
 
-from .base import check_float_matrix
-from .blocks import BlockWeight, pack_nibbles
 from .errors import QuantError
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A GGUF block format: what one block holds and how it decodes."""
+    """A GGML block format: what one block holds."""
 
     fmt: str
-    weights: int  # per (super-)block
-    nbytes: int  # per (super-)block at rest
+    weights: int  # per block
+    nbytes: int  # per block at rest
     sub: int  # weights per sub-block (one scale, one min)
     has_min: bool  # M_s is not always 0
-    halves: tuple[int, ...]  # byte offsets of the float16 super-scales (d, dmin)
+    halves: tuple[int, ...]  # byte offsets of the float16 scales (d, and m or dmin)
+    type_id: int  # GGUF's tensor type (ggml.h's enum ggml_type)
 
     @property
     def bits_per_weight(self) -> float:
         return 8 * self.nbytes / self.weights
 
+    @property
+    def quantizable(self) -> bool:
+        """Whether a float matrix can be quantized to it (K-quants are read as stored)."""
+        return self.weights == 32
+
 
 LAYOUTS = {
     lay.fmt: lay
     for lay in (
-        Layout("q5_0", 32, 22, 32, False, (0,)),
-        Layout("q5_1", 32, 24, 32, True, (0, 2)),
-        Layout("q2_k", 256, 84, 16, True, (80, 82)),
-        Layout("q3_k", 256, 110, 16, False, (108,)),
-        Layout("q4_k", 256, 144, 32, True, (0, 2)),
-        Layout("q5_k", 256, 176, 32, True, (0, 2)),
-        Layout("q6_k", 256, 210, 16, False, (208,)),
+        Layout("q8_0", 32, 34, 32, False, (0,), 8),
+        Layout("q4_0", 32, 18, 32, False, (0,), 2),
+        Layout("q4_1", 32, 20, 32, True, (0, 2), 3),
+        Layout("q5_0", 32, 22, 32, False, (0,), 6),
+        Layout("q5_1", 32, 24, 32, True, (0, 2), 7),
+        Layout("q2_k", 256, 84, 16, True, (80, 82), 10),
+        Layout("q3_k", 256, 110, 16, False, (108,), 11),
+        Layout("q4_k", 256, 144, 32, True, (0, 2), 12),
+        Layout("q5_k", 256, 176, 32, True, (0, 2), 13),
+        Layout("q6_k", 256, 210, 16, False, (208,), 14),
     )
 }
+# GGUF's tensor type ids of every format llama-np reads
+GGML_TYPES = {0: "f32", 1: "f16", 30: "bf16"} | {lay.type_id: f for f, lay in LAYOUTS.items()}
 
 
 def random_blocks(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Valid blocks of `fmt` for a (rows, cols) matrix: random codes and sub-scales, and
     float16 scales (random bytes there could be NaN) that put the values at ~1e-2; the
-    K-quants' super-scales are 32x smaller, as their 6-bit sub-scales multiply them."""
+    K-quants' super-scales are 32x smaller, as their 6-bit sub-scales multiply them. A
+    min (q4_1, q5_1) is minus half the codes' range times d: values centred on 0."""
     lay = LAYOUTS[fmt]
     raw = rng.integers(0, 256, (rows, cols // lay.weights, lay.nbytes), dtype=np.uint8)
     size = 1e-3 if lay.weights == 32 else 1e-3 / 32
-    for o in lay.halves:
-        d = ((rng.random((rows, cols // lay.weights)) * 2 + 0.1) * size).astype(np.float16)
+    halves = [((rng.random(raw.shape[:2]) * 2 + 0.1) * size).astype(np.float16) for _ in lay.halves]
+    if lay.has_min and lay.weights == 32:  # q4_1, q5_1: the min -8 d or -16 d
+        halves[1] = (halves[0] * np.float16(-8 if fmt == "q4_1" else -16)).astype(np.float16)
+    for o, d in zip(lay.halves, halves, strict=True):
         raw[:, :, o : o + 2] = d.view(np.uint8).reshape(rows, -1, 2)
     return raw.reshape(rows, -1)
+
+
+def check_blocks(fmt: str, shape: tuple[int, int], raw: np.ndarray) -> np.ndarray:
+    """The blocks of a (rows, cols) matrix as (rows, bytes per row) uint8, or a clear error
+    when they cannot be: the one shape check of every block format, in every backend."""
+    lay, (rows, cols) = LAYOUTS[fmt], shape
+    if cols % lay.weights:
+        raise QuantError(f"{fmt}: the row length {cols} is not a multiple of {lay.weights}")
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+    if raw.shape[1] != cols // lay.weights * lay.nbytes:
+        raise QuantError(f"{fmt}: {raw.shape[1]} bytes per row do not fit {cols} weights")
+    return raw
+
+
+def assemble(halves: list[np.ndarray], codes: np.ndarray) -> np.ndarray:
+    """Blocks of 32 (rows, nb * bytes) from their float16 scale (and min), (rows, nb)
+    each, and their codes (rows, nb * code bytes), in GGUF's order: halves, then codes."""
+    rows, nb = halves[0].shape
+    parts = [
+        np.ascontiguousarray(h, np.float16).view(np.uint8).reshape(rows, nb, 2) for h in halves
+    ]
+    parts.append(np.ascontiguousarray(codes).view(np.uint8).reshape(rows, nb, -1))
+    return np.concatenate(parts, axis=2).reshape(rows, -1)
+
+
+def np_roundf(n: np.ndarray) -> np.ndarray:
+    """C's roundf (half away from zero), as GGML and gguf.quants use it."""
+    a = np.abs(n)
+    floored = np.floor(a)
+    return np.sign(n) * (floored + np.floor(2 * (a - floored)))
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(..., 32) values 0..15 -> (..., 16) bytes: element j low, j + 16 high."""
+    return q[..., :16] | (q[..., 16:] << np.uint8(4))
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -93,6 +148,18 @@ def _crumbs(raw: np.ndarray) -> np.ndarray:
 def _nibbles(raw: np.ndarray) -> np.ndarray:
     """Low then high nibbles of each byte (b, k) -> (b, 2, k)."""
     return np.stack([raw & np.uint8(15), raw >> np.uint8(4)], axis=1)
+
+
+def decode_32(raw: np.ndarray, fmt: str) -> tuple[np.ndarray, ...]:
+    """q8_0 / q4_0 / q4_1 blocks (b, 34, 18 or 20) -> codes (b, 32) int8, D (b, 1), M (b, 1)"""
+    d = _f16(raw[:, 0:2])
+    if fmt == "q8_0":
+        return raw[:, 2:].view(np.int8), d, np.zeros_like(d)
+    has_min = fmt == "q4_1"
+    q = _nibbles(raw[:, 4 if has_min else 2 :]).reshape(-1, 32).astype(np.int8)
+    if has_min:
+        return q, d, _f16(raw[:, 2:4])
+    return q - np.int8(8), d, np.zeros_like(d)
 
 
 def decode_q5(raw: np.ndarray, has_min: bool) -> tuple[np.ndarray, ...]:
@@ -152,128 +219,80 @@ def decode(raw: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
     float32, with x = D c + M per sub-block, bit for bit gguf.quants' values."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     with np.errstate(over="ignore", invalid="ignore"):
-        if fmt in ("q5_0", "q5_1"):
+        if fmt in ("q8_0", "q4_0", "q4_1"):
+            codes, d, m = decode_32(raw, fmt)
+        elif fmt in ("q5_0", "q5_1"):
             codes, d, m = decode_q5(raw, fmt == "q5_1")
         else:
             codes, d, m = decode_k(raw, fmt)
     return codes, d.astype(np.float32), m.astype(np.float32)
 
 
-def quantize_q5(blocks: np.ndarray, has_min: bool) -> np.ndarray:
-    """Blocks of 32 float32 (b, 32) -> GGML q5_0 / q5_1 bytes, by the arithmetic of
-    gguf.quants (GGML's reference)."""
-    b = blocks.shape[0]
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if has_min:
-            lo = blocks.min(axis=-1, keepdims=True)
-            d = (blocks.max(axis=-1, keepdims=True) - lo) / np.float32(31)
-            inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-            q = np.trunc((blocks - lo) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 31)
-        else:
-            imax = np.abs(blocks).argmax(axis=-1)[:, None]
-            d = np.take_along_axis(blocks, imax, axis=-1) / np.float32(-16)
-            inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-            q = np.trunc(blocks * inv + np.float32(16.5)).astype(np.uint8).clip(0, 31)
-        d16 = d.astype(np.float16)
-        m16 = lo.astype(np.float16) if has_min else None
-    if not np.isfinite(d16).all() or (m16 is not None and not np.isfinite(m16).all()):
-        raise QuantError("values too large for a float16 block scale")
-    nibbles = pack_nibbles((q & np.uint8(15)).reshape(b, 1, 32))
-    high = np.packbits(q >> np.uint8(4), axis=-1, bitorder="little")  # (b, 4)
-    head = [d16.view(np.uint8)] + ([m16.view(np.uint8)] if has_min else [])
-    return np.concatenate([*head, high, nibbles], axis=-1)
-
-
-class GGMLWeight(BlockWeight):
-    """A GGUF format of this module in the NumPy backend's layout: decoded once at load
-    into int8 codes with a float32 scale (and min) per sub-block, so the kernels of
-    quant.blocks multiply it as they multiply q8_0. The stored bytes are kept for export.
-    In memory that is 8 bits per weight plus the scales; the meter counts it."""
-
-    layout: ClassVar[Layout]
-
-    def __init__(
-        self,
-        shape: tuple[int, int],
-        codes: np.ndarray,
-        scales: np.ndarray,
-        mins: np.ndarray | None = None,
-        raw: np.ndarray | None = None,
-    ) -> None:
-        super().__init__(shape, codes, scales, mins)
-        self.raw = raw  # (rows, blocks * nbytes) as stored in GGUF
-
-    @classmethod
-    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray) -> Self:
-        rows, cols = shape
-        lay = cls.layout
-        if cols % lay.weights:
-            raise QuantError(f"{cls.fmt}: the row length {cols} is not a multiple of {lay.weights}")
-        raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
-        if raw.shape[1] != cols // lay.weights * lay.nbytes:
-            raise QuantError(f"{cls.fmt}: {raw.shape[1]} bytes per row do not fit {cols} weights")
-        codes, d, m = decode(raw.reshape(-1, lay.nbytes), cls.fmt)
-        codes = codes.reshape(rows, cols).view(np.uint8)
-        d, m = d.reshape(rows, -1), m.reshape(rows, -1)
-        return cls(shape, codes, d, m if lay.has_min else None, raw)
-
-    @classmethod
-    def random(cls, shape: tuple[int, int], rng: np.random.Generator) -> Self:
-        """Random codes, sane float16 scales."""
-        return cls.from_blocks(shape, random_blocks(cls.fmt, shape[0], shape[1], rng))
-
-    def to_blocks(self) -> np.ndarray:
-        return self.raw
-
-    def export(self) -> dict[str, np.ndarray]:
-        return {"blocks": self.raw}
-
-    @classmethod
-    def from_arrays(cls, shape: tuple[int, int], arrays: dict[str, np.ndarray]) -> Self:
-        if "blocks" not in arrays:
-            raise QuantError(f"{cls.fmt}: missing array 'blocks'")
-        return cls.from_blocks(shape, arrays["blocks"])
-
-    @classmethod
-    def nbytes_for(cls, shape: tuple[int, int]) -> int:
-        """int8 codes, and a float32 scale (and min) per sub-block."""
-        rows, cols = shape
-        return rows * cols + rows * (cols // cls.block) * 4 * (2 if cls.has_min else 1)
-
-    @classmethod
-    def unpack(cls, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
-        np.copyto(out, codes.view(np.int8))
-        return out
-
-    @classmethod
-    def from_float(cls, w: np.ndarray) -> Self:
-        w = check_float_matrix(w, cls.fmt)
-        if cls.fmt not in ("q5_0", "q5_1"):
-            raise QuantError(
-                f"{cls.fmt}: quantizing to K-quants is not supported (GGUF K-quant tensors "
-                "load as stored); choose q8_0, q5_1, q5_0, q4_1 or q4_0"
-            )
-        rows, cols = w.shape
-        if cols % 32:
-            raise QuantError(f"{cls.fmt}: the input dimension {cols} is not a multiple of 32")
-        raw = quantize_q5(w.reshape(-1, 32), cls.fmt == "q5_1").reshape(rows, -1)
-        return cls.from_blocks(w.shape, raw)
-
-
-# GGUF's tensor type ids of the formats llama-np reads (ggml.h's enum ggml_type)
-GGML_TYPES = {
-    0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1",
-    10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k",
-}  # fmt: skip
-
-
-def _ggml_class(fmt: str) -> type[GGMLWeight]:
+def quantize(w: np.ndarray, fmt: str) -> np.ndarray:
+    """A float32 matrix (rows, cols) -> its blocks (rows, bytes per row) in `fmt`, by
+    GGML's reference arithmetic (as gguf.quants.quantize). A subnormal scale has an
+    infinite inverse; GGML computes codes anyway (and the float16 scale is then 0), so the
+    reference's warnings are silenced, not its math."""
     lay = LAYOUTS[fmt]
-    attrs = dict(
-        fmt=fmt, layout=lay, block=lay.sub, code_bytes=lay.sub, has_min=lay.has_min,
-        bits_per_weight=lay.bits_per_weight,
-    )  # fmt: skip
-    return type(f"{fmt.upper()}Weight", (GGMLWeight,), attrs)
+    if not lay.quantizable:
+        raise QuantError(
+            f"{fmt}: quantizing to K-quants is not supported (GGUF K-quant tensors load as "
+            "stored); choose q8_0, q5_1, q5_0, q4_1 or q4_0"
+        )
+    rows, cols = w.shape
+    if cols % 32:
+        raise QuantError(f"{fmt}: the input dimension {cols} is not a multiple of 32")
+    blocks = w.reshape(-1, 32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        q, d, m = QUANTIZERS[fmt](blocks)
+        d16 = d.astype(np.float16)
+        m16 = None if m is None else m.astype(np.float16)
+    if not np.isfinite(d16).all() or (m16 is not None and not np.isfinite(m16).all()):
+        raise QuantError(
+            f"{fmt}: values too large for a float16 block scale (|x| up to {np.abs(w).max():.3g})"
+        )
+    halves = [d16.view(np.uint8)] + ([] if m16 is None else [m16.view(np.uint8)])
+    return np.concatenate([*halves, q], axis=-1).reshape(rows, -1)
 
 
-GGML_FORMATS: dict[str, type[GGMLWeight]] = {fmt: _ggml_class(fmt) for fmt in LAYOUTS}
+def _inverse(d: np.ndarray) -> np.ndarray:
+    return np.where(d == 0, np.float32(0), np.float32(1) / d)
+
+
+def quantize_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """(b, 32) float32 -> codes (b, 32) as bytes, d (b, 1)."""
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    return np_roundf(blocks * _inverse(d)).astype(np.int8).view(np.uint8), d, None
+
+
+def _nibble_codes(q: np.ndarray, five: bool) -> np.ndarray:
+    """Codes (b, 32) of 4 (or 5) bits -> their bytes: (fifth bits as 4 bytes) nibbles."""
+    nibbles = pack_nibbles(q & np.uint8(15))
+    if not five:
+        return nibbles
+    return np.concatenate([np.packbits(q >> np.uint8(4), axis=-1, bitorder="little"), nibbles], -1)
+
+
+def _quantize_offset(blocks: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray, None]:
+    """q4_0 (half 8) and q5_0 (half 16): the largest |x| maps to -half."""
+    imax = np.abs(blocks).argmax(axis=-1)[:, None]
+    d = np.take_along_axis(blocks, imax, axis=-1) / np.float32(-half)
+    q = np.trunc(blocks * _inverse(d) + np.float32(half + 0.5)).astype(np.uint8)
+    return _nibble_codes(q.clip(0, 2 * half - 1), half == 16), d, None
+
+
+def _quantize_min(blocks: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q4_1 (top 15) and q5_1 (top 31): x = d q + min over the block's range."""
+    lo = blocks.min(axis=-1, keepdims=True)
+    d = (blocks.max(axis=-1, keepdims=True) - lo) / np.float32(top)
+    q = np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5)).astype(np.uint8)
+    return _nibble_codes(q.clip(0, top), top == 31), d, lo
+
+
+QUANTIZERS = {
+    "q8_0": quantize_q8_0,
+    "q4_0": functools.partial(_quantize_offset, half=8),
+    "q4_1": functools.partial(_quantize_min, top=15),
+    "q5_0": functools.partial(_quantize_offset, half=16),
+    "q5_1": functools.partial(_quantize_min, top=31),
+}

@@ -15,17 +15,17 @@ f16, q8_0) and one of two layouts:
 
 from __future__ import annotations
 
-import functools
 import mmap
 from typing import ClassVar
 
 import numpy as np
 
-from .blocks import BLOCK, Q8_0Weight
 from .errors import QuantError
 from .floats import f16_to_f32
+from .ggml import quantize_q8_0
 
 TILE = 16  # slots per tile in the tiled layout
+BLOCK = 32  # q8_0: values per block (and scale)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -97,18 +97,17 @@ class KVStore:
         slots = -(-n // TILE) * TILE if tiled else n
         return slots * cls.slot_nbytes(n_kv, head_dim)
 
-    def write(self, s0: int, x: np.ndarray) -> int:
-        """Store x (T, n_kv, hd) in slots s0:s0+T; returns the bytes written."""
+    def write(self, s0: int, x: np.ndarray) -> None:
+        """Store x (T, n_kv, hd) in slots s0:s0+T."""
         t = x.shape[0]
         if t == 0:
-            return 0
+            return
         for a, v in zip(self._arrays, self.encode(x), strict=True):
             if self.tiled:
                 s = np.arange(s0, s0 + t)
                 a[:, s // TILE, :, s % TILE] = v  # advanced indices first: (T, n_kv, width)
             else:
                 a[:, s0 : s0 + t] = v.transpose(1, 0, 2)
-        return t * self.slot_bytes
 
     def load(self, s0: int, s1: int) -> np.ndarray:
         """Slots s0:s1 as float32, (n_kv, s1 - s0, hd)."""
@@ -126,18 +125,10 @@ class KVStore:
         for a, b in zip(self._arrays, dst.arrays(), strict=True):
             b[:, :end] = a[:, :end]
 
-    def stored_nbytes(self, s0: int, s1: int) -> int:
-        """Bytes the stored arrays hold for slots s0:s1: what loading them touches
-        (whole tiles when tiled)."""
-        if self.tiled:
-            s0, s1 = s0 // TILE * TILE, -(-s1 // TILE) * TILE
-        return (s1 - s0) * self.slot_bytes
-
-    @functools.cached_property
-    def slot_bytes(self) -> int:
-        """Bytes one slot occupies, from the arrays themselves (all slots are alike)."""
-        per_index = [a[:, 0:1].nbytes for a in self._arrays]
-        return sum(per_index) // (TILE if self.tiled else 1)
+    def stored_nbytes(self, n: int) -> int:
+        """Bytes an attention over slots 0..n-1 reads from this store (whole tiles when
+        tiled): `read_nbytes` for its shape and layout."""
+        return self.read_nbytes(n, self.n_kv, self.head_dim, self.tiled)
 
 
 class F16KVStore(KVStore):
@@ -172,9 +163,9 @@ class Q8_0KVStore(KVStore):
 
     def encode(self, x: np.ndarray) -> list[np.ndarray]:
         t, n_kv, hd = x.shape
-        blocks = np.ascontiguousarray(x).reshape(t * n_kv, hd // BLOCK, BLOCK)
+        blocks = np.ascontiguousarray(x).reshape(-1, BLOCK)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            codes, d, _ = Q8_0Weight.quantize_blocks(blocks)
+            codes, d, _ = quantize_q8_0(blocks)
             d16 = np.clip(d, 0.0, 65504.0).astype(np.float16)
         return [codes.view(np.int8).reshape(t, n_kv, hd), d16.view(np.uint16).reshape(t, n_kv, -1)]
 

@@ -3,12 +3,9 @@ v (and gate and up) in a single kernel call, over one contiguous stream of memor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import pairwise
-
 import numpy as np
 
-from .base import Matrix, Weight, Workspace
+from .base import Matrix, Weight
 
 
 def stack_rows(weights: list[Weight]) -> Matrix:
@@ -51,26 +48,8 @@ class StackedWeight(Matrix):
         full = np.concatenate([p.dequantize() for p in self.parts])
         return full[r0:r1]
 
-    def splits(self) -> list[int]:
-        return sorted(
-            {a + s for p, a in zip(self.parts, self.starts, strict=False) for s in p.splits()}
-        )
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return np.concatenate([p.matvec(x) for p in self.parts])
 
-    def _each(self, r0: int, r1: int) -> Iterator[tuple[Weight, int, int, int]]:
-        """(part, its first row, its end row, offset in the output) for rows r0:r1."""
-        for p, (a, b) in zip(self.parts, pairwise(self.starts), strict=True):
-            lo, hi = max(r0, a), min(r1, b)
-            if lo < hi:
-                yield p, lo - a, hi - a, lo - r0
-
-    def matvec_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        for p, a, b, o in self._each(r0, r1):
-            p.matvec_rows(x, a, b, out[o : o + b - a], work)
-
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        for p, a, b, o in self._each(r0, r1):
-            p.matmul_rows(x, a, b, out[:, o : o + b - a], work)
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return np.concatenate([p.matmul(x) for p in self.parts], axis=1)

@@ -3,7 +3,7 @@
 
 Matrices are cycled through a working set several times the last-level cache, as in a
 real decode step (every matrix comes from DRAM). Rows: format x shape x kernel x
-processes; timings are medians of interleaved rounds. For the matmul (prefill) kernel,
+threads; timings are medians of interleaved rounds. For the matmul (prefill) kernel,
 ns/weight is per weight and per row of x.
 
     .venv/bin/python scripts/bench_kernels.py            # markdown table on stdout
@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from bench.probe import Caches, machine_id
 from quant import FORMATS as CLASSES
-from quant import parallel
+from quant import threads
 
 SHAPES = {  # SmolLM2-135M's stacked matrices, and a 7B-class square
     "qkv 960x576": (960, 576),
@@ -40,14 +40,14 @@ def copies_for(shape: tuple[int, int], fmt: str, cache_bytes: int) -> list:
     return [first] + [CLASSES[fmt].random(shape, rng) for _ in range(n - 1)]
 
 
-def time_round(workers, ws: list, kernel: str, x: np.ndarray) -> float:
+def time_round(ws: list, kernel: str, x: np.ndarray) -> float:
     """Seconds per matrix, over one pass through all copies."""
     t0 = time.perf_counter()
     for w in ws:
         if kernel == "matvec":
-            workers.matvecs([w], x[0])
+            w.matvec(x[0])
         else:
-            workers.matmuls([w], x)
+            w.matmul(x)
     return (time.perf_counter() - t0) / len(ws)
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     rounds = 3 if args.quick else args.rounds
     llc = Caches.read().llc
     threadpool_limits(1)
-    modes = ["1 process", "2 processes", "2 BLAS threads"]
+    modes = ["1 thread", "2 threads", "2 BLAS threads"]
     flags = " --quick" if args.quick else ""
     print("# Kernels in isolation\n")
     print(f"Machine: {machine_id(2)}. Command: `scripts/bench_kernels.py{flags}`.\n")
@@ -80,13 +80,12 @@ def main() -> None:
             times: dict[tuple[str, str], list[float]] = {}
             for mode in modes:
                 threadpool_limits(2 if mode == "2 BLAS threads" else 1)
-                ranks = 2 if mode == "2 processes" else 1
-                workers = parallel.start([w for ws in sets.values() for w in ws], ranks)
+                threads.set_threads(2 if mode == "2 threads" else 1)
                 for _ in range(rounds):  # interleaved: every format once per round
                     for fmt, ws in sets.items():
-                        t = time_round(workers, ws, kernel, x)
+                        t = time_round(ws, kernel, x)
                         times.setdefault((fmt, mode), []).append(t)
-                workers.close()
+                threads.set_threads(1)
             n = shape[0] * shape[1] * (1 if kernel == "matvec" else args.prefill)
             for fmt, ws in sets.items():
                 med = [statistics.median(times[(fmt, m)]) for m in modes]

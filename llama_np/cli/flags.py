@@ -77,7 +77,7 @@ KV = sorted(KV_FORMATS)
 
 # fmt: off
 KV_ARG = (("--kv",), dict(default="f32", choices=KV, metavar="FMT", help=f"KV cache format: {' '.join(KV)} (default: %(default)s)"))
-KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed; numba-int8 / numba-f32: the compiled decode products of q8_0, q4_0 and q4_1 with x rounded to int8 per block of 32 (as llama.cpp) or in float32 (numba: " + DEFAULT_DOT + ") (default: %(default)s)"))
+KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed; numba-int8 / numba-f32: the compiled decode products of every quantized format with x rounded to int8 per block of 32 (as llama.cpp) or in float32 (numba: " + DEFAULT_DOT + ") (default: %(default)s)"))
 THREADS_ARG = (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)"))
 WINDOW_ARG = (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)"))
 MODEL_ARGS = [

@@ -48,24 +48,23 @@ class ContextFull(UsageError):
     """A full-attention cache has no room for the next position."""
 
 
-class DecodeSlot(NamedTuple):
-    """Where one decode step of one layer appends its key and value, and what it attends
-    to: slots 0..n-1 of the stores (a compiled kernel writes and reads them in place)."""
+class Span(NamedTuple):
+    """What a step of t new positions (pos..pos+t-1) does in every layer, computed once per
+    step by `KVCache.span`: the same for all layers."""
 
-    keys: tuple[np.ndarray, ...]  # the key store's arrays
-    values: tuple[np.ndarray, ...]  # the value store's arrays
-    slot: int
-    n: int
-    read_nbytes: int
-    write_nbytes: int
+    t: int
+    slot: int  # where position `pos` goes (its slot in the ring)
+    n_keys: int  # keys the last new position attends to, itself included
+    read_nbytes: int  # bytes of stored keys and values one layer's attention reads
+    write_nbytes: int  # bytes one layer's append writes
 
 
 class KVView(NamedTuple):
-    k: np.ndarray  # (n_kv, L, hd) keys the new tokens attend to, float32
+    """What the new positions of one layer attend to, as float32 (the NumPy kernels)."""
+
+    k: np.ndarray  # (n_kv, L, hd)
     v: np.ndarray  # (n_kv, L, hd)
     positions: np.ndarray | None  # (L,) position of each key; None when all are visible
-    read_nbytes: int  # bytes of stored cache the attention reads (the meter's KV term)
-    write_nbytes: int  # bytes the update appended
 
 
 class KVCache:
@@ -94,7 +93,7 @@ class KVCache:
         self.config, self.tiled_keys = config, tiled_keys
         self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
         self.v = [store(*shape) for _ in range(config.n_layers)]
-        # per layer, the stores' arrays as a compiled kernel takes them
+        # per layer, the stores' arrays as a compiled kernel reads and writes them in place
         self._arrays = [
             (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
         ]
@@ -111,63 +110,65 @@ class KVCache:
         """How many keys the token at `pos` attends to, itself included."""
         return pos + 1 if self.window is None else min(pos + 1, self.window)
 
-    def decode_slot(self, layer: int) -> DecodeSlot:
-        """The slot the token at position `pos` goes to in `layer`, and how many slots it
-        attends to (itself included); `advance(1)` moves `pos` once every layer is done."""
-        p = self.pos
-        if self.window is None and p >= self.capacity:
+    def span(self, t: int) -> Span:
+        """The step of positions pos..pos+t-1: where they go, what the last attends to and
+        the bytes each layer reads and writes; ContextFull when a full-attention cache has
+        no room. `advance(t)` moves `pos` once every layer is done."""
+        p0 = self.pos
+        if self.window is None and p0 + t > self.capacity:
             raise ContextFull(
-                f"context full: {p + 1} positions exceed the context size {self.capacity}"
+                f"context full: {p0 + t} positions exceed the context size {self.capacity}"
             )
-        n = self.n_keys(p)
-        K, V = self.k[layer], self.v[layer]
-        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
-        keys, values = self._arrays[layer]
-        return DecodeSlot(keys, values, p % self.slots, n, read, K.slot_bytes + V.slot_bytes)
+        K, V = self.k[0], self.v[0]  # every layer is alike
+        if self.window is not None and t > 1:  # the keys held, then the new ones
+            read = min(p0, self.window)
+        else:
+            read = self.n_keys(p0 + t - 1)
+        written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
+        n = self.n_keys(p0 + t - 1)
+        return Span(t, p0 % self.slots, n, K.stored_nbytes(read) + V.stored_nbytes(read), written)
 
-    def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> KVView:
-        """Append k, v (T, n_kv, hd) of positions pos:pos+T to `layer`; return what those T
-        queries attend to. `advance(T)` moves `pos` once every layer is updated."""
-        p0, t = self.pos, k.shape[0]
+    def arrays(self, layer: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """The arrays of `layer`'s key and value stores, as a compiled kernel takes them: it
+        appends the new position at `Span.slot` in place and attends to `Span.n_keys`."""
+        return self._arrays[layer]
+
+    def update(self, layer: int, span: Span, k: np.ndarray, v: np.ndarray) -> KVView:
+        """Append k, v (T, n_kv, hd) of the span's positions to `layer`; return, as float32,
+        what those T queries attend to (the NumPy kernels)."""
+        p0, t = self.pos, span.t
         if self.window is None:
-            if p0 + t > self.capacity:
-                raise ContextFull(
-                    f"context full: {p0 + t} positions exceed the context size {self.capacity}"
-                )
-            written = self.k[layer].write(p0, k) + self.v[layer].write(p0, v)
+            self.k[layer].write(p0, k)
+            self.v[layer].write(p0, v)
             n = p0 + t
-            return self._view(layer, n, None if t == 1 else np.arange(n), written)
+            return KVView(self.k[layer].load(0, n), self.v[layer].load(0, n),
+                          None if t == 1 else np.arange(n))  # fmt: skip
         if t == 1:  # the ring now holds exactly the keys this token may see
-            written = self._write_ring(layer, p0, k, v)
-            return self._view(layer, min(p0 + 1, self.window), None, written)
+            self._write_ring(layer, p0, k, v)
+            n = min(p0 + 1, self.window)
+            return KVView(self.k[layer].load(0, n), self.v[layer].load(0, n), None)
         # A batch under a window: the keys still held (at most W) followed by the new ones,
         # with positions for the mask; then the newest W positions go into the ring.
         w, held = self.window, min(p0, self.window)
-        old = self._view(layer, held, None, 0)
         slots = np.arange(held)
         held_pos = slots + w * ((p0 - 1 - slots) // w)  # newest position in each slot
         # copies, in (n_kv, L, hd) order: the ring is overwritten next
-        k_all = np.concatenate([old.k, k.transpose(1, 0, 2)], axis=1)
-        v_all = np.concatenate([old.v, v.transpose(1, 0, 2)], axis=1)
+        k_all = np.concatenate([self.k[layer].load(0, held), k.transpose(1, 0, 2)], axis=1)
+        v_all = np.concatenate([self.v[layer].load(0, held), v.transpose(1, 0, 2)], axis=1)
         m = min(t, w)
-        written = self._write_ring(layer, p0 + t - m, k[t - m :], v[t - m :])
-        positions = np.concatenate([held_pos, np.arange(p0, p0 + t)])
-        return KVView(k_all, v_all, positions, old.read_nbytes, written)
+        self._write_ring(layer, p0 + t - m, k[t - m :], v[t - m :])
+        return KVView(k_all, v_all, np.concatenate([held_pos, np.arange(p0, p0 + t)]))
 
-    def _view(self, layer: int, n: int, positions: np.ndarray | None, written: int) -> KVView:
-        K, V = self.k[layer], self.v[layer]
-        read = K.stored_nbytes(0, n) + V.stored_nbytes(0, n)
-        return KVView(K.load(0, n), V.load(0, n), positions, read, written)
-
-    def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
+    def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store positions start:start+m (m <= W) in their slots, wrapping at most once."""
         s, m = start % self.slots, k.shape[0]
         first = min(m, self.slots - s)
         K, V = self.k[layer], self.v[layer]
-        written = K.write(s, k[:first]) + V.write(s, v[:first])
+        K.write(s, k[:first])
+        V.write(s, v[:first])
         if first < m:
-            written += K.write(0, k[first:]) + V.write(0, v[first:])
-        return written
+            K.write(0, k[first:])
+            V.write(0, v[first:])
 
     def fill_random(self, n: int, rng: np.random.Generator) -> None:
         """Start at depth n: random keys and values for positions 0..n-1 (the newest W of

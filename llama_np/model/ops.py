@@ -11,9 +11,8 @@ import math
 import numpy as np
 
 from arch import Config
-from llama_np.model.kvcache import KVCache
+from llama_np.model.kvcache import KVCache, Span
 from quant import Matrix
-from quant.parallel import Solo, Team
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -147,17 +146,13 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 class NumpyOps:
     """The operations the forward pass is made of, each a step of the math that a kernel
     backend may run as one fused call: the NumPy reference, composed of the functions
-    above, its matrix products run by `workers` (quant.parallel: this process, or a team
-    of processes). llama_np.model.ops_compiled replaces them for the compiled backend."""
-
-    def __init__(self, workers: Team | Solo) -> None:
-        self.workers = workers
+    above. llama_np.model.ops_compiled replaces them for the compiled backend."""
 
     def linear(self, w: Matrix, x: np.ndarray) -> np.ndarray:
         """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
         if x.shape[0] == 1:
-            return self.workers.matvecs([w], x[0])[0][None, :]
-        return self.workers.matmuls([w], x)[0]
+            return w.matvec(x[0])[None, :]
+        return w.matmul(x)
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq)
@@ -176,18 +171,18 @@ class NumpyOps:
         return x + self.linear(w, swiglu(gate_up[:, :hidden], gate_up[:, hidden:]))
 
     def attention(
-        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary
-    ) -> tuple[np.ndarray, int, int]:
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
+    ) -> np.ndarray:
         """RoPE, append k and v to the cache, attend: qkv (T, q_dim + 2 kv_dim) ->
-        (T, q_dim), and the bytes of cache read and written."""
+        (T, q_dim)."""
         t = qkv.shape[0]
         q = qkv[:, : c.q_dim].reshape(t, c.n_heads, c.head_dim)
         k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(t, c.n_kv_heads, c.head_dim)
         v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
         q, k = rot(q), rot(k)
-        view = cache.update(layer, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
+        view = cache.update(layer, span, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
         mask = None
         if view.positions is not None:
             positions = np.arange(cache.pos, cache.pos + t)
             mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
-        return attention(q, view.k, view.v, mask), view.read_nbytes, view.write_nbytes
+        return attention(q, view.k, view.v, mask)

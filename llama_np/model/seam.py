@@ -12,7 +12,7 @@ import numpy as np
 
 from arch import Config
 from bench.meter import Meter
-from llama_np.model.kvcache import KVCache
+from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix, Weight
 
@@ -39,21 +39,22 @@ class Seam:
             y += bias
         return y
 
-    def attention(self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary) -> np.ndarray:
+    def attention(
+        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
+    ) -> np.ndarray:
         """RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) -> (T, q_dim)"""
-        out, read, written = self.ops.attention(self.config, qkv, cache, layer, rot)
-        self.meter.read("kv_cache", read)
-        self.meter.write("kv_cache", written)
-        return out
+        self.meter.read("kv_cache", span.read_nbytes)
+        self.meter.write("kv_cache", span.write_nbytes)
+        return self.ops.attention(self.config, qkv, cache, layer, rot, span)
 
     def attention_batch(
-        self, qkv: np.ndarray, caches: list[KVCache], layer: int, rots: list[Rotary]
-    ) -> np.ndarray:
+        self, qkv: np.ndarray, caches: list[KVCache], layer: int, rots: list[Rotary],
+        spans: list[Span],
+    ) -> np.ndarray:  # fmt: skip
         """One token of each of B sequences, each attending to its own cache:
         (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
-        return np.concatenate(
-            [self.attention(qkv[b : b + 1], c, layer, rots[b]) for b, c in enumerate(caches)]
-        )
+        return np.concatenate([self.attention(qkv[b : b + 1], c, layer, rots[b], spans[b])
+                               for b, c in enumerate(caches)])  # fmt: skip
 
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
@@ -86,9 +87,11 @@ class Profiled(Seam):
         self.meter.lap(category, t0)
         return out
 
-    def attention(self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary) -> np.ndarray:
+    def attention(
+        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
+    ) -> np.ndarray:
         t0 = perf_counter()
-        out = super().attention(qkv, cache, layer, rot)
+        out = super().attention(qkv, cache, layer, rot, span)
         self.meter.lap("kv_cache", t0)
         return out
 

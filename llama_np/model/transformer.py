@@ -18,20 +18,20 @@ from llama_np.model.kvcache import KVCache
 from llama_np.model.ops import NumpyOps, rope_inv_freq
 from llama_np.model.seam import Profiled, Seam
 from quant import Matrix
-from quant.backends import Backend, numpy_backend
-from quant.parallel import Solo, Team
+from quant.backends import Backend, Running, numpy_backend
 
 # the meter's categories of the weights a product reads
 ATTN, MLP, HEAD = "attn_weights", "mlp_weights", "lm_head"
 
 
-def ops_for(backend: Backend, workers: Team | Solo) -> NumpyOps:
-    """The block's operations for a kernel backend: NumPy's, or compiled ones."""
-    if backend.name == "numba":
+def ops_for(backend: Backend) -> NumpyOps:
+    """The block's operations for a kernel backend: the NumPy reference, or the fused
+    decode operations of a backend that has them."""
+    if backend.fused:
         from llama_np.model.ops_compiled import CompiledOps
 
-        return CompiledOps(workers)
-    return NumpyOps(workers)
+        return CompiledOps(backend.dot)
+    return NumpyOps()
 
 
 @dataclass
@@ -76,8 +76,8 @@ class Weights:
 
 class Transformer:
     """The model: weights, the kernels that multiply them, the forward pass. Its kernels
-    run in this process until `start(threads)`; `close()` (or leaving a `with` block)
-    stops whatever `start` began (a team of processes, for the NumPy backend)."""
+    run on one thread until `start(threads)`; `close()` (or leaving a `with` block) stops
+    whatever `start` began."""
 
     def __init__(
         self,
@@ -92,13 +92,10 @@ class Transformer:
         self.backend = backend or numpy_backend()
         self.meter = meter or Meter()
         self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
-        self._use(Solo())
-
-    def _use(self, workers: Team | Solo) -> None:
-        self.workers = workers
-        self.ops = ops_for(self.backend, workers)
+        self.ops = ops_for(self.backend)
         self._seam = Seam(self.config, self.ops, self.meter)
         self._profiled = Profiled(self.config, self.ops, self.meter)
+        self.running = Running("one thread")
 
     @property
     def name(self) -> str:
@@ -106,18 +103,18 @@ class Transformer:
 
     @property
     def kernels(self) -> str:
-        """How the kernels run, for reports: "numba omp, 2 threads", "numpy, 2 processes"."""
-        return self.workers.label
+        """How the kernels run, for reports: "numba omp, 2 threads", "numpy, 2 threads"."""
+        return self.running.label
 
     def start(self, threads: int) -> Transformer:
         """Run the kernels on `threads` cores (quant.backends.Backend.start)."""
         self.close()
-        self._use(self.backend.start(self.weights.matrices(), threads))
+        self.running = self.backend.start(self.weights.matrices(), threads)
         return self
 
     def close(self) -> None:
-        self.workers.close()
-        self._use(Solo())
+        self.running.close()
+        self.running = Running("one thread")
 
     def __enter__(self) -> Transformer:
         return self
@@ -148,26 +145,28 @@ class Transformer:
             return self._forward(tokens, cache, all_logits)
 
     def _forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool) -> np.ndarray:
-        w, k = self.weights, self.seam
+        w, seam = self.weights, self.seam
         t, p0 = len(tokens), cache.pos
+        span = cache.span(t)  # where the new positions go, what they attend to
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
-        x = k.embed(w.embed, tokens)  # (T, dim)
+        x = seam.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
-        x = self._blocks(x, lambda qkv, i: k.attention(qkv, cache, i, rot))
+        x = self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
         cache.advance(t)
-        logits = k.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
+        logits = seam.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
         self.meter.end()
         return logits if all_logits else logits[-1]  # (T or 1, vocab)
 
     def _blocks(self, x: np.ndarray, attend: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
         """The decoder blocks on x (T, dim); `attend(qkv, layer)` -> (T, q_dim)."""
-        k = self.seam
+        seam = self.seam
         for i, layer in enumerate(self.weights.layers):
-            qkv = k.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)  # (T, q+2kv)
+            # (T, q_dim + 2 kv_dim)
+            qkv = seam.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)
             att = attend(qkv, i)  # (T, q_dim)
-            x = k.linear_add(x, layer.wo, att, ATTN)
-            gate_up = k.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
-            x = k.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
+            x = seam.linear_add(x, layer.wo, att, ATTN)
+            gate_up = seam.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
+            x = seam.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
         return x
 
     def step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
@@ -181,13 +180,14 @@ class Transformer:
             return self._step_batch(np.asarray(tokens), caches)
 
     def _step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
-        w, k = self.weights, self.seam
+        w, seam = self.weights, self.seam
+        spans = [c.span(1) for c in caches]
         self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
-        x = k.embed(w.embed, tokens)  # (B, dim)
+        x = seam.embed(w.embed, tokens)  # (B, dim)
         rots = [self.ops.rotary(np.array([c.pos]), self.inv_freq) for c in caches]
-        x = self._blocks(x, lambda qkv, i: k.attention_batch(qkv, caches, i, rots))
+        x = self._blocks(x, lambda qkv, i: seam.attention_batch(qkv, caches, i, rots, spans))
         for c in caches:
             c.advance(1)
-        logits = k.norm_linear(x, w.norm, w.lm_head, HEAD)  # (B, vocab)
+        logits = seam.norm_linear(x, w.norm, w.lm_head, HEAD)  # (B, vocab)
         self.meter.end()
         return logits

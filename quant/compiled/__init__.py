@@ -10,32 +10,28 @@ from __future__ import annotations
 from .jit import kernel_cache, set_threads, threading_layer
 
 with kernel_cache():  # the kernels below are compiled into the project's cache
-    from .weights import FORMATS, INT8_FORMATS
+    from .weights import FORMATS
 
 from .simd import DOT_INSTRUCTION
 
-__all__ = ["DOT_INSTRUCTION", "FORMATS", "INT8_FORMATS", "set_threads", "threading_layer"]
+__all__ = ["DOT_INSTRUCTION", "FORMATS", "set_threads", "threading_layer"]
 
 
-def warm_up(formats: dict, kv_formats: list[str]) -> None:
+def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     """Compile (or load from the disk cache) the kernels for these weight formats (name ->
-    class) and KV formats
-    now, on tiny inputs, so that a kernel that cannot be compiled on this CPU fails at
-    load with one clear error, and the first token does not pay the compile time."""
+    class), with x multiplied as `dot` in decode, and KV formats, now, on tiny inputs,
+    so that a kernel that cannot be compiled on this CPU fails at load with one clear
+    error, and the first token does not pay the compile time."""
     import numpy as np
 
-    from ..ggml import LAYOUTS, random_blocks
     from ..kv import KV_FORMATS
     from . import attention, ops
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(256).astype(np.float32)
-    for fmt, cls in formats.items():
-        if fmt in LAYOUTS:  # GGUF formats, some of which cannot be quantized to
-            w = cls.from_blocks((5, 256), random_blocks(fmt, 5, 256, rng))
-        else:
-            w = cls.from_float(rng.standard_normal((5, 256)).astype(np.float32))
-        w.matvec(x)
+    for cls in formats.values():
+        w = cls.random((5, 256), rng)
+        w.matvec(x, dot=dot)
         w.matmul(x[None].repeat(2, 0))
         w.rows(np.array([1]))
     x = x[:64]

@@ -14,19 +14,9 @@ import numpy as np
 from numba import carray, prange
 from numba.extending import overload
 
-from .jit import (
-    add16,
-    f16,
-    fma16,
-    fma16_f16,
-    fma16_i8,
-    kernel,
-    pow2,
-    set16,
-    stack_f32,
-    to_f16,
-    zero16,
-)
+from .jit import kernel
+from .simd.lanes import add16, fma16, fma16_f16, fma16_i8, set16, zero16
+from .simd.scalar import f16, pow2, stack_f32, to_f16
 
 TILES_PER_TASK = 16  # tiles of 16 keys one piece of parallel work reads, at least
 TILE = 16  # keys per tile (quant.kv.TILE)
@@ -55,9 +45,11 @@ def exp_neg(x):
 
 
 # --- the KV stores, by format --------------------------------------------------------
-# A store reaches a kernel as the tuple of its arrays (quant.kv): (data,) float32 or
-# float16 bits, or (codes, scales) for q8_0, codes int8 and one float16 scale per block of
-# 32. Keys are tiled, (n_kv, slots / 16, width, 16); values head-major, (n_kv, slots, width).
+# A store reaches a kernel as the tuple of its arrays (quant.kv.KVStore.arrays): its first
+# array's type names the format (STORE_FORMATS): float32 values, float16 bits (uint16),
+# or q8_0's int8 codes, followed by one float16 scale per block of 32. Keys are tiled,
+# (n_kv, slots / 16, width, 16); values head-major, (n_kv, slots, width).
+STORE_FORMATS = {"float32": "f32", "uint16": "f16", "int8": "q8_0"}
 
 
 def put_key(keys, h, slot, vec):
@@ -80,17 +72,22 @@ def weigh_values(values, h, k0, k1, probs, o, at, stride):
     a load and a store, not one store-to-load round trip per slot."""
 
 
+def store_format(store) -> str:
+    """The KV format of a store's tuple of arrays, from the numba type of its first array."""
+    return STORE_FORMATS[store.types[0].dtype.name]
+
+
 def _is_q8_0(store) -> bool:
-    return len(store.types) == 2
+    return store_format(store) == "q8_0"
 
 
 def _is_f16(store) -> bool:
-    return store.types[0].dtype.name == "uint16"
+    return store_format(store) == "f16"
 
 
 @kernel(inline=True)
 def roundf(v):
-    """C's roundf (half away from zero), as quant.blocks.np_roundf computes it."""
+    """C's roundf (half away from zero), as quant.ggml.np_roundf computes it."""
     a = abs(v)
     fl = np.floor(a)
     r = fl + np.floor(np.float32(2) * (a - fl))
@@ -100,7 +97,7 @@ def roundf(v):
 @kernel(inline=True)
 def q8_0_block(vec, b, codes):
     """Quantize block b of vec into codes (32,) int8; returns the scale d. The arithmetic
-    of quant.blocks.Q8_0Weight.quantize_blocks, so both backends store the same codes."""
+    of quant.ggml.quantize_q8_0, so both backends store the same codes."""
     amax = np.float32(0)
     for j in range(BLOCK):
         amax = max(amax, abs(vec[BLOCK * b + j]))
@@ -171,7 +168,7 @@ def _put_value(values, h, slot, vec):
 
 @kernel(inline=True)
 def same(x):
-    """A float32 as it is (the f32 twin of jit.f16, for code written for both)."""
+    """A float32 as it is (the f32 twin of simd.scalar.f16, for code written for both)."""
     return x
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import f16, hi16, kernel, lo16, mul16_i8
+from .jit import kernel
 from .matvec import GROUP
+from .simd.lanes import hi16, lo16, mul16_i8
+from .simd.scalar import f16
 
 
 @kernel
@@ -58,10 +60,11 @@ def dequant_q4(codes, scales, mins, factor, g0, g1, out):
 
 
 @kernel
-def dequant_q5(codes, scales, mins, has_min, bits, g0, g1, out):
+def dequant_q5(codes, scales, mins, factor, bits, g0, g1, out):
     """Groups g0:g1 of a grouped q5_0 / q5_1 matrix -> out (GROUP * (g1 - g0), cols):
-    q = nibble + 16 fifth bit; q5_1: x = d q + m, q5_0: x = d (q - 16), as gguf.quants."""
-    nb = scales.shape[1] // GROUP
+    q = nibble + 16 fifth bit; q5_1 (factor 1): x = d q + m; q5_0 (factor -16, mins = the
+    scales): x = d (q - 16), as gguf.quants computes it (so -0.0 stays -0.0)."""
+    nb, has_min = scales.shape[1] // GROUP, factor == np.float32(1)
     for g in range(g0, g1):
         q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
         for b in range(nb):
@@ -77,5 +80,5 @@ def dequant_q5(codes, scales, mins, has_min, bits, g0, g1, out):
                         out[row, 32 * b + j] = d * np.float32(lo) + m
                         out[row, 32 * b + 16 + j] = d * np.float32(hi) + m
                     else:
-                        out[row, 32 * b + j] = d * np.float32(lo - 16)
-                        out[row, 32 * b + 16 + j] = d * np.float32(hi - 16)
+                        out[row, 32 * b + j] = d * (np.float32(lo) + factor)
+                        out[row, 32 * b + 16 + j] = d * (np.float32(hi) + factor)

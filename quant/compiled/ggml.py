@@ -1,11 +1,12 @@
-"""Compiled kernels for GGML's 5-bit and K-quant formats (quant.ggml), on their stored bytes.
+"""Compiled float-activation kernels for GGML's K-quant formats (quant.ggml), on their
+stored bytes (q5_0 and q5_1 have fused kernels of their own: matvec.matvec_q5).
 
 Layout: the GGUF blocks themselves, in groups of 4 rows interleaved block by block, as
 the other block formats (matvec.py). A kernel decodes one block of each of the 4 rows
 into float32 values on the stack, exactly as gguf.quants decodes them (x = D c + M per
 sub-block, bit for bit), then multiplies 16 lanes at a time. The decoding costs more
 than the fused loops of q8_0 and q4 (every weight is written once and read back from
-L1), in exchange for one generic loop behind seven formats: `decode` branches on the
+L1), in exchange for one generic loop behind five formats: `decode` branches on the
 format once per block.
 """
 
@@ -14,14 +15,15 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
-from .jit import f16, field, fma16vv, kernel, stack_f32, zero16
+from .jit import kernel
 from .matvec import CHUNK, GROUP, lane_sum, put
 from .ops import prologue
+from .simd.lanes import fma16vv, zero16
+from .simd.scalar import f16, field, stack_f32
 
 # format codes for `decode`
-Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(7)
-CODES = {"q5_0": Q5_0, "q5_1": Q5_1, "q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K,
-         "q5_k": Q5_K, "q6_k": Q6_K}  # fmt: skip
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)
+CODES = {"q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}
 MAX_WEIGHTS = 256  # per block (a K-quant super-block)
 
 
@@ -29,26 +31,6 @@ MAX_WEIGHTS = 256  # per block (a K-quant super-block)
 def half(b, o):
     """The float16 stored little-endian at b[o], b[o + 1], as float32."""
     return f16(np.uint16(np.uint16(b[o]) | (np.uint16(b[o + 1]) << np.uint16(8))))
-
-
-@kernel(inline=True)
-def decode_q5(b, out, has_min):
-    """q5_1: x = d q + m; q5_0: x = d (q - 16) (no addition: -0.0 stays -0.0)."""
-    d = half(b, 0)
-    m = half(b, 2) if has_min else np.float32(0)
-    h = 4 if has_min else 2
-    bits = np.int64(b[h]) | (np.int64(b[h + 1]) << 8) | (np.int64(b[h + 2]) << 16)
-    bits |= np.int64(b[h + 3]) << 24  # bit j: the fifth bit of element j
-    for j in range(16):
-        q = b[h + 4 + j]
-        lo = (q & 15) | (((bits >> j) & 1) << 4)
-        hi = (q >> 4) | (((bits >> (j + 16)) & 1) << 4)
-        if has_min:
-            out[j] = d * np.float32(lo) + m
-            out[j + 16] = d * np.float32(hi) + m
-        else:
-            out[j] = d * np.float32(lo - 16)
-            out[j + 16] = d * np.float32(hi - 16)
 
 
 # The decoders below walk the stored bytes in runs of 16 or 32 contiguous bytes with one
@@ -141,11 +123,7 @@ def decode(fmt, b, out):
     """The bytes of one block of format `fmt` -> its float32 values. Both are views that
     start at the block: an index that may be negative costs numba a wrap-around test per
     access, and LLVM then loads byte by byte."""
-    if fmt == Q5_0:
-        decode_q5(b, out, False)
-    elif fmt == Q5_1:
-        decode_q5(b, out, True)
-    elif fmt == Q2_K:
+    if fmt == Q2_K:
         decode_q2_k(b, out)
     elif fmt == Q3_K:
         decode_q3_k(b, out)

@@ -10,9 +10,9 @@ Then for a row's block with scale w_d (and min w_m):
     q4_0   w_d d ((q - 8) . xq)  =  w_d d (q . xq - 8 sum(xq))
     q4_1   w_d d (q . xq)  +  w_m d sum(xq)
     q5_x   as q4_x, with each code's fifth bit (offset 16 for q5_0)
-    K      per sub-block of 16, D a_s d (c . xq) - M b_s d sum(xq) (simd_k.py)
+    K      per sub-block of 16, D a_s d (c . xq) - M b_s d sum(xq) (simd/kquants.py)
 
-The integer dot products are exact (simd.py: one `vpdpbusd` per 64 byte products on
+The integer dot products are exact (simd/int8.py: one `vpdpbusd` per 64 byte products on
 AVX-512 VNNI); what differs from the float kernels (matvec.py) is x's rounding, a
 relative error of at most 1/254 of a block's largest |x| per value. The layouts are
 the float kernels' (groups of 4 rows, interleaved block by block: matvec.py, ggml.py),
@@ -28,11 +28,13 @@ import numpy as np
 from numba import carray, prange
 
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
-from .jit import f16x4, kernel, stack_f32, zero16
+from .jit import kernel
 from .matvec import CHUNK, GROUP, lane_sum, put
 from .ops import prologue
-from .simd import q4_block, q5_block, q8_block
-from .simd_k import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
+from .simd.int8 import q4_block, q5_block, q8_block
+from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
+from .simd.lanes import zero16
+from .simd.scalar import f16x4, stack_f32
 
 BLOCK = 32
 
@@ -131,7 +133,7 @@ def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
             row_sums(acc, corr, g, rows, add, out)
 
 
-# --- K-quants: simd_k.py decodes a super-block of a row into integer codes, scales and
+# --- K-quants: simd/kquants.py decodes a super-block of a row into integer codes, scales and
 # mins in vector registers; x is rounded per block of 32 as for every other format.
 
 

@@ -1,14 +1,14 @@
 """Batched decode kernels: Y = X @ W.T for B vectors at once (one per sequence of a batch,
 B up to a few dozen), each weight read from memory once per step whatever B is.
 
-Each thread takes 16 rows at a time: a block format's rows are dequantized into a float32
+Each thread takes a panel of 16 rows at a time: a block format's rows are dequantized into a float32
 buffer that stays in L1/L2 (the format's own dequantization kernel, dequant.py or
-ggml.py), then `gemm_tile` multiplies that buffer by the B vectors, 4 rows x 4 vectors at
+ggml.py), then `gemm_panel` multiplies that buffer by the B vectors, 4 rows x 4 vectors at
 a time: 16 accumulators of 8 lanes, each loaded weight serving four vectors and each
 loaded x four rows. The weights cross the memory bus once; the dequantization is paid
 once per weight and step, and the multiply-adds B times: past the ridge point the
 arithmetic, not the bytes, sets the step time, which is what `llama-np bench --batch`
-measures against the speed-of-light model. f32 weights go straight to `gemm_tile`.
+measures against the speed-of-light model. f32 weights go straight to `gemm_panel`.
 
 One driver per format family, alike but for the dequantization kernel each calls by name
 (numba binds a global function when it compiles; passing it in as an argument would need
@@ -23,15 +23,16 @@ from numba import carray, get_thread_id, prange
 
 from .dequant import dequant_q4, dequant_q5, dequant_q8_0
 from .ggml import dequant_ggml
-from .jit import kernel, stack_f32
+from .jit import kernel
 from .matvec import GROUP
+from .simd.scalar import stack_f32
 
 ROWS = 16  # rows per piece of parallel work (4 groups): 16 x cols float32 in L1/L2
 
 
 def scratch_for(cols: int) -> np.ndarray:
     """Each thread's buffer for ROWS dequantized rows: (threads, ROWS, cols) float32, made
-    once per width. A buffer allocated inside the parallel loop instead made gemm_tile ten
+    once per width. A buffer allocated inside the parallel loop instead made gemm_panel ten
     times slower (19.7 against 1.9 ms on 1024 x 1024 x 64, even with no dequantization)."""
     if cols not in _SCRATCH:
         _SCRATCH[cols] = np.empty((numba.config.NUMBA_NUM_THREADS, ROWS, cols), np.float32)
@@ -42,13 +43,13 @@ _SCRATCH: dict[int, np.ndarray] = {}
 
 
 @kernel(inline=True)
-def gemm_tile(w, x, out, r0, rows):
+def gemm_panel(w, x, out, r0, rows):
     """out[v, r0 + i] = w[i] . x[v] for i < rows and every v.
     w (>= rows, cols) float32, in cache; x (B, cols) float32; out (B, >= r0 + rows).
     Rows and vectors past the end (rows % 4, B % 4) repeat the last one and are not
     stored. 4 rows x 4 vectors x 8 lanes: 16 accumulators that fit the registers of AVX2
     and of LLVM's 256-bit AVX-512 code (4 x 4 x 16 lanes spilled: 48 against 67 GFLOPS
-    here, Xeon, 1024 x 1024 x 64). Long on purpose: the 16 multiply-adds of the tile must
+    here, Xeon, 1024 x 1024 x 64). Long on purpose: the 16 multiply-adds of the 4 x 4 must
     sit in one loop body for LLVM to keep its accumulators in registers."""
     nvec, cols = x.shape
     whole = cols // 8 * 8
@@ -101,7 +102,7 @@ def matmat_f32(w, x, out):
     rows = w.shape[0]
     for c in prange(-(-rows // ROWS)):
         r0 = c * ROWS
-        gemm_tile(w[r0:], x, out, r0, min(ROWS, rows - r0))
+        gemm_panel(w[r0:], x, out, r0, min(ROWS, rows - r0))
 
 
 @kernel(inline=True)
@@ -125,7 +126,7 @@ def matmat_q8_0(codes, scales, x, out, scratch):
         g0, g1 = piece_groups(c, groups)
         buf = scratch[get_thread_id()]
         dequant_q8_0(codes, scales, g0, g1, buf)
-        gemm_tile(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
+        gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
 
 
 @kernel(parallel=True)
@@ -136,18 +137,18 @@ def matmat_q4(codes, scales, mins, factor, x, out, scratch):
         g0, g1 = piece_groups(c, groups)
         buf = scratch[get_thread_id()]
         dequant_q4(codes, scales, mins, factor, g0, g1, buf)
-        gemm_tile(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
+        gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
 
 
 @kernel(parallel=True)
-def matmat_q5(codes, scales, mins, has_min, bits, x, out, scratch):
+def matmat_q5(codes, scales, mins, factor, bits, x, out, scratch):
     """A grouped q5_0 / q5_1 matrix (dequant.dequant_q5); x (B, cols); out (B, rows)"""
     groups, rows = scales.shape[0], out.shape[1]
     for c in prange(pieces(groups)):
         g0, g1 = piece_groups(c, groups)
         buf = scratch[get_thread_id()]
-        dequant_q5(codes, scales, mins, has_min, bits, g0, g1, buf)
-        gemm_tile(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
+        dequant_q5(codes, scales, mins, factor, bits, g0, g1, buf)
+        gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
 
 
 @kernel(parallel=True)
@@ -158,4 +159,4 @@ def matmat_ggml(blocks, fmt, nbytes, weights, x, out, scratch):
         g0, g1 = piece_groups(c, groups)
         buf = scratch[get_thread_id()]
         dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, buf)
-        gemm_tile(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
+        gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)

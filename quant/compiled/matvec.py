@@ -1,5 +1,5 @@
 """Decode kernels: y = W @ x for one float32 vector x, one per weight format, reading the
-stored codes and scales directly (no float32 copy of any tile), rows split across threads.
+stored codes and scales directly (no float32 copy of any panel), rows split across threads.
 
 The loop shape that runs at memory speed (DEVELOPERS.md, "Compiled kernels"): a row keeps
 a vector of float32 accumulator lanes on the stack, adds `scale * (code * x)` lane by lane
@@ -24,8 +24,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
-from .jit import bf16, bit, f16, f16x4, i8, kernel, lo4, stack_f32, u8
+from .jit import kernel
 from .ops import prologue
+from .simd.scalar import bf16, bit, f16, f16x4, i8, lo4, stack_f32, u8
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
 CHUNK = 16  # rows per unit of parallel work

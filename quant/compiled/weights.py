@@ -1,18 +1,19 @@
-"""The weight formats in the compiled backend's memory layout, multiplied by its kernels.
-
-Each class is its NumPy counterpart's format (the same codes and quantization, the same
-GGUF blocks and checkpoint arrays at rest) with another layout in memory:
+"""The weight formats in the compiled backend's memory layout, one class per format,
+multiplied by its kernels. The formats themselves (their blocks at rest, quantizing,
+random codes, the shape checks) are quant.ggml's and quant.base.BlockFormat's, shared
+with the NumPy backend; these classes say how the bytes lie in memory:
 
 - f32, f16, bf16: row-major, as stored. f16 and bf16 stay 16-bit: the kernel widens each
   weight in a register.
-- q8_0, q4_0, q4_1: groups of 4 rows interleaved block by block (matvec.py says why), with
-  float16 scales and mins kept float16, so a weight costs the format's own 8.5, 4.5 or 5.0
-  bits. A row count that is not a multiple of 4 is padded with zero rows, and `nbytes`
-  counts them: the kernel reads them.
+- the block formats: groups of 4 rows interleaved block by block (matvec.py says why),
+  float16 scales and mins kept float16, so a weight costs the format's own bits (8.5 for
+  q8_0, 4.5 for q4_0, ...). A row count that is not a multiple of 4 is padded with zero
+  rows, and `nbytes` counts them: the kernel reads them.
 
-Decode calls one parallel kernel per matrix. Prefill dequantizes row tiles into a
-float32 buffer and multiplies them with BLAS: it is compute-bound, and sgemm is the
-fastest matrix product NumPy has.
+Decode calls one parallel kernel per matrix, with x in float32 or rounded to int8
+(`dot`, the backend's choice). A batch of up to BATCH vectors runs the batched kernels;
+a longer prompt dequantizes panels of rows into a float32 buffer and multiplies them
+with BLAS: it is compute-bound, and sgemm is the fastest matrix product NumPy has.
 """
 
 from __future__ import annotations
@@ -22,18 +23,16 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..base import Weight, Workspace
-from ..blocks import BLOCK, BlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
-from ..errors import QuantError
+from ..base import BlockFormat, Weight
 from ..floats import BF16Weight, F16Weight, F32Weight
-from ..ggml import GGML_FORMATS, GGMLWeight
+from ..ggml import assemble
 from . import dequant, ggml, intdot, matmat, matvec
 from .matvec import GROUP
 
-# Weights dequantized per tile in prefill: a 4 MiB float32 tile stays in the L2/L3 caches.
-TILE_WEIGHTS = 1 << 20
+# Weights dequantized per panel of a long prompt: a 4 MiB float32 panel stays in L2/L3.
+PANEL_WEIGHTS = 1 << 20
 # Up to this many vectors (a batch of sequences' decode step, a short prompt) a product runs
-# the parallel batched kernels (matmat.py); more run dequantized tiles through BLAS sgemm.
+# the parallel batched kernels (matmat.py); more run dequantized panels through BLAS sgemm.
 BATCH = 64
 
 
@@ -57,60 +56,45 @@ def from_groups(a: np.ndarray, rows: int, per_block: int) -> np.ndarray:
     return rowwise.reshape(groups * GROUP, nb * per_block)[:rows]
 
 
-def f16_bits(a: np.ndarray) -> np.ndarray:
-    """Float16 values (float16, or float32 holding float16 values) as their raw bits."""
-    return np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
-
-
 NO_NORM = np.zeros(1, np.float32)
-ONE, NIBBLE_OFFSET = np.float32(1), np.float32(-8)  # q4_1's factor on its mins; q4_0's
-Q5_OFFSET = np.float32(-16)  # q5_0: x = d (q - 16)
+ONE = np.float32(1)  # the factor on a format's own mins
 ZERO = np.float32(0)
 
 
 class CompiledMatrix:
-    """The compiled side of the Matrix interface: matvec runs the kernels here, on the
-    threads numba runs; the NumPy process team never sees these matrices.
+    """The compiled side of the Matrix interface: products run the kernels here, on the
+    threads numba runs.
 
-    `matvec_into(x, out, norm, eps, mode, add)` is one kernel: out (=, or += when add)
-    W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue)."""
+    `matvec_into(x, out, norm, eps, mode, add, dot)` is one kernel: out (=, or += when
+    add) W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue), and
+    x multiplied as float32 or, for the quantized formats, rounded to int8 per block of 32
+    (dot "int8": intdot.py)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
 
-    def matvec(self, x: np.ndarray, work: Workspace | None = None) -> np.ndarray:
+    def matvec(self, x: np.ndarray, dot: str = "f32") -> np.ndarray:
         out = np.empty(self.shape[0], np.float32)
-        self.matvec_into(x, out)
+        self.matvec_into(x, out, dot=dot)
         return out
-
-    def matvec_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        if (r0, r1) != (0, self.shape[0]):
-            raise QuantError("compiled kernels take a whole matrix")
-        self.matvec_into(x, out)
-
-    def splits(self) -> list[int]:
-        return [0, self.shape[0]]
 
 
 class CF32Weight(CompiledMatrix, F32Weight):
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
         matmat.matmat_f32(self.w, x, out)
 
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        if x.shape[0] <= BATCH and (r0, r1) == (0, self.shape[0]):
-            self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
-        else:
-            super().matmul_rows(x, r0, r1, out, work)
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[0] > BATCH:
+            return super().matmul(x)  # BLAS sgemm
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
+        return out
 
 
 class CF16Weight(CompiledMatrix, F16Weight):
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
@@ -121,99 +105,78 @@ class CF16Weight(CompiledMatrix, F16Weight):
 
 
 class CBF16Weight(CompiledMatrix, BF16Weight):
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
 
 
-def grouped_dequantize(w, r0: int, r1: int | None) -> np.ndarray:
-    """Rows r0:r1 of a matrix stored in groups of rows, through its dequantize_groups."""
-    r1 = w.shape[0] if r1 is None else r1
-    if r1 <= r0:
-        return np.empty((0, w.shape[1]), np.float32)
-    g0, g1 = r0 // GROUP, -(-r1 // GROUP)
-    tile = np.empty((GROUP * (g1 - g0), w.shape[1]), np.float32)
-    w.dequantize_groups(g0, g1, tile)
-    return tile[r0 - GROUP * g0 : r1 - GROUP * g0]
-
-
-def grouped_matmul(w, x: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W.T: for a batch of up to BATCH vectors, one parallel kernel (matmat.py);
-    for more, tile by tile: groups of rows dequantized into a float32 buffer, then one
-    sgemm each."""
-    if x.shape[0] <= BATCH:
-        w.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
-        return
-    rows, cols = w.shape
-    groups = -(-rows // GROUP)
-    per_tile = max(1, TILE_WEIGHTS // (GROUP * cols))
-    buf = np.empty((GROUP * per_tile, cols), np.float32)
-    for g0 in range(0, groups, per_tile):
-        g1 = min(groups, g0 + per_tile)
-        a, b = GROUP * g0, min(rows, GROUP * g1)
-        tile = buf[: GROUP * (g1 - g0)]
-        w.dequantize_groups(g0, g1, tile)
-        np.matmul(x, tile[: b - a].T, out=out[:, a:b])
-
-
-class CompiledBlockWeight(CompiledMatrix, BlockWeight):
-    """q8_0, q4_0, q4_1 in groups of GROUP rows (see the module docstring)."""
-
-    mins_factor: ClassVar[float]  # q4 kernels: y += factor * m * sum(x_b)
-
-    def __init__(
-        self,
-        shape: tuple[int, int],
-        codes: np.ndarray,
-        scales: np.ndarray,
-        mins: np.ndarray | None = None,
-    ) -> None:
-        Weight.__init__(self, shape)
-        rows, cols = self.shape
-        if cols % BLOCK:
-            raise QuantError(f"{self.fmt}: the input dimension {cols} is not a multiple of {BLOCK}")
-        nb = cols // BLOCK
-        if codes.shape != (rows, nb * self.code_bytes) or scales.shape != (rows, nb):
-            raise QuantError(
-                f"{self.fmt}: codes {codes.shape} / scales {scales.shape} do not fit {shape}"
-            )
-        self.nb = nb
-        self.codes = to_groups(np.ascontiguousarray(codes).view(np.uint8), self.code_bytes)
-        self.scales = to_groups(f16_bits(scales), 1)
-        self.mins = None if mins is None else to_groups(f16_bits(mins), 1)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        out = {"codes": self.codes, "scales": self.scales}
-        return out | ({} if self.mins is None else {"mins": self.mins})
+class GroupedWeight(CompiledMatrix, BlockFormat):
+    """The compiled layout of a block format: its blocks' parts (or the blocks whole) in
+    groups of GROUP rows interleaved block by block, rows padded with zeros to a multiple
+    of GROUP (the kernels read them: `nbytes` counts them). A subclass lays the blocks out
+    (`lay_out`, `to_blocks`) and names its kernels: `matvec_into`, `dequantize_groups` and
+    `matmat_into`."""
 
     @classmethod
     def nbytes_for(cls, shape: tuple[int, int]) -> int:
-        """Codes and float16 scales (and mins) of the rows padded to a multiple of GROUP."""
+        """The blocks of the rows padded to a multiple of GROUP: the stored bytes."""
         rows, cols = shape
-        per_block = cls.code_bytes + 2 * (2 if cls.has_min else 1)
-        return -(-rows // GROUP) * GROUP * (cols // BLOCK) * per_block
-
-    def export(self) -> dict[str, np.ndarray]:
-        rows = self.shape[0]
-        out = {
-            "codes": from_groups(self.codes, rows, self.code_bytes),
-            "scales": from_groups(self.scales, rows, 1).view(np.float16),
-        }
-        if self.mins is not None:
-            out["mins"] = from_groups(self.mins, rows, 1).view(np.float16)
-        return out
+        return -(-rows // GROUP) * GROUP * (cols // cls.layout.weights) * cls.layout.nbytes
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
-        return grouped_dequantize(self, r0, r1)
+        r1 = self.shape[0] if r1 is None else r1
+        if r1 <= r0:
+            return np.empty((0, self.shape[1]), np.float32)
+        g0, g1 = r0 // GROUP, -(-r1 // GROUP)
+        panel = np.empty((GROUP * (g1 - g0), self.shape[1]), np.float32)
+        self.dequantize_groups(g0, g1, panel)
+        return panel[r0 - GROUP * g0 : r1 - GROUP * g0]
 
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        grouped_matmul(self, x, out)
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x @ W.T: for a batch of up to BATCH vectors, one parallel kernel (matmat.py);
+        for more, panel by panel: groups of rows dequantized into a float32 buffer, then
+        one sgemm each."""
+        rows, cols = self.shape
+        out = np.empty((x.shape[0], rows), np.float32)
+        if x.shape[0] <= BATCH:
+            self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
+            return out
+        groups = -(-rows // GROUP)
+        per_panel = max(1, PANEL_WEIGHTS // (GROUP * cols))
+        buf = np.empty((GROUP * per_panel, cols), np.float32)
+        for g0 in range(0, groups, per_panel):
+            g1 = min(groups, g0 + per_panel)
+            a, b = GROUP * g0, min(rows, GROUP * g1)
+            panel = buf[: GROUP * (g1 - g0)]
+            self.dequantize_groups(g0, g1, panel)
+            np.matmul(x, panel[: b - a].T, out=out[:, a:b])
+        return out
+
+    def _halves(self, blocks: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Blocks of 32 (rows, nb * nbytes) -> (rows, nb, nbytes) and their float16 scale
+        (and min) bits, (rows, nb) uint16 each."""
+        b = blocks.reshape(self.shape[0], -1, self.layout.nbytes)
+        return b, [b[:, :, o : o + 2].copy().view(np.uint16)[:, :, 0] for o in self.layout.halves]
 
 
-class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        matvec.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
+class CQ8_0Weight(GroupedWeight):
+    fmt = "q8_0"
+
+    def lay_out(self, blocks: np.ndarray) -> None:
+        b, (d,) = self._halves(blocks)
+        self.codes = to_groups(b[:, :, 2:].reshape(self.shape[0], -1), 32)
+        self.scales = to_groups(d, 1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"codes": self.codes, "scales": self.scales}
+
+    def to_blocks(self) -> np.ndarray:
+        rows = self.shape[0]
+        return assemble([from_groups(self.scales, rows, 1).view(np.float16)],
+                        from_groups(self.codes, rows, 32))  # fmt: skip
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
+        kernel = intdot.matvec_q8_0 if dot == "int8" else matvec.matvec_q8_0
+        kernel(self.codes, self.scales, x, norm, eps, mode, add, out)
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
@@ -222,75 +185,115 @@ class CQ8_0Weight(CompiledBlockWeight, Q8_0Weight):
         matmat.matmat_q8_0(self.codes, self.scales, x, out, matmat.scratch_for(x.shape[1]))
 
 
-class CompiledNibbleWeight(CompiledBlockWeight):
-    """q4_0 and q4_1 share one kernel: q4_0 is q4_1 with m = -8 d."""
+class NibbleGroups(GroupedWeight):
+    """q4_0, q4_1, q5_0 and q5_1: nibbles, float16 scales and mins in groups, and for q5
+    each block's 32 fifth bits as one uint32: the same bytes per block as stored. Their
+    kernels take the mins as (mins, factor), x = d q + factor m: the format's own mins
+    with factor 1, or the scales with factor -8 (q4_0) or -16 (q5_0)."""
 
-    def _mins(self) -> tuple[np.ndarray, np.float32]:
-        if self.mins is None:
-            return self.scales, NIBBLE_OFFSET
-        return self.mins, ONE
+    offset: ClassVar[np.float32]  # the factor of a format without mins
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        mins, factor = self._mins()
-        matvec.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
+    def lay_out(self, blocks: np.ndarray) -> None:
+        rows = self.shape[0]
+        b, halves = self._halves(blocks)
+        at = 2 * len(halves)  # where the fifth bits (q5) or the nibbles (q4) start
+        self.scales = to_groups(halves[0], 1)
+        self.mins = to_groups(halves[1], 1) if self.layout.has_min else None
+        self.bits = None
+        if self.layout.nbytes - at == 20:  # q5: 4 bytes of fifth bits, then the nibbles
+            self.bits = to_groups(b[:, :, at : at + 4].copy().view(np.uint32)[:, :, 0], 1)
+            at += 4
+        self.codes = to_groups(b[:, :, at:].reshape(rows, -1), 16)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"codes": self.codes, "scales": self.scales}
+        out |= {} if self.mins is None else {"mins": self.mins}
+        return out | ({} if self.bits is None else {"bits": self.bits})
+
+    def to_blocks(self) -> np.ndarray:
+        rows = self.shape[0]
+        halves = [from_groups(h, rows, 1).view(np.float16) for h in (self.scales, self.mins)
+                  if h is not None]  # fmt: skip
+        codes = np.ascontiguousarray(from_groups(self.codes, rows, 16))
+        if self.bits is not None:
+            words = np.ascontiguousarray(from_groups(self.bits, rows, 1)).view(np.uint8)
+            codes = np.concatenate([words.reshape(rows, -1, 4), codes.reshape(rows, -1, 16)], 2)
+        return assemble(halves, codes.reshape(rows, -1))
+
+    @cached_property
+    def mins_factor(self) -> tuple[np.ndarray, np.float32]:
+        return (self.scales, self.offset) if self.mins is None else (self.mins, ONE)
+
+    @cached_property
+    def fifth_bits(self) -> np.ndarray:
+        """The kernels' `bits`: the q5 words, or none per group for q4 (made once)."""
+        return np.empty((self.codes.shape[0], 0), np.uint32) if self.bits is None else self.bits
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
+        mins, factor = self.mins_factor
+        if dot == "int8":
+            intdot.matvec_q4(self.codes, self.scales, mins, factor, self.fifth_bits, x, norm,
+                             eps, mode, add, out)  # fmt: skip
+        elif self.bits is None:
+            matvec.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
+        else:
+            matvec.matvec_q5(self.codes, self.scales, mins, factor, self.bits, x, norm, eps,
+                             mode, add, out)  # fmt: skip
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
-        mins, factor = self._mins()
-        dequant.dequant_q4(self.codes, self.scales, mins, factor, g0, g1, out)
+        mins, factor = self.mins_factor
+        if self.bits is None:
+            dequant.dequant_q4(self.codes, self.scales, mins, factor, g0, g1, out)
+        else:
+            dequant.dequant_q5(self.codes, self.scales, mins, factor, self.bits, g0, g1, out)
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        mins, factor = self._mins()
-        matmat.matmat_q4(self.codes, self.scales, mins, factor, x, out,
-                         matmat.scratch_for(x.shape[1]))  # fmt: skip
+        mins, factor = self.mins_factor
+        scratch = matmat.scratch_for(x.shape[1])
+        if self.bits is None:
+            matmat.matmat_q4(self.codes, self.scales, mins, factor, x, out, scratch)
+        else:
+            matmat.matmat_q5(self.codes, self.scales, mins, factor, self.bits, x, out, scratch)
 
 
-class CQ4_0Weight(CompiledNibbleWeight, Q4_0Weight):
-    pass
+class CQ4_0Weight(NibbleGroups):
+    fmt = "q4_0"
+    offset = np.float32(-8)
 
 
-class CQ4_1Weight(CompiledNibbleWeight, Q4_1Weight):
-    pass
+class CQ4_1Weight(NibbleGroups):
+    fmt = "q4_1"
 
 
-class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
-    """q5_0, q5_1 and the K-quants: their GGUF blocks as stored, in groups of 4 rows
-    interleaved block by block; the kernels decode them in registers (ggml.py)."""
+class CQ5_0Weight(NibbleGroups):
+    fmt = "q5_0"
+    offset = np.float32(-16)
 
-    def __init__(self, shape: tuple[int, int], raw: np.ndarray) -> None:
-        Weight.__init__(self, shape)
-        lay = self.layout
-        rows, cols = self.shape
-        if cols % lay.weights:
-            raise QuantError(
-                f"{self.fmt}: the row length {cols} is not a multiple of {lay.weights}"
-            )
-        raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
-        if raw.shape[1] != cols // lay.weights * lay.nbytes:
-            raise QuantError(f"{self.fmt}: {raw.shape[1]} bytes per row do not fit {cols} weights")
-        self.blocks = to_groups(raw, lay.nbytes)
+
+class CQ5_1Weight(NibbleGroups):
+    fmt = "q5_1"
+
+
+class KGroups(GroupedWeight):
+    """The K-quants: their GGUF super-blocks as stored, in groups of 4 rows interleaved
+    block by block; the kernels decode them in registers (ggml.py, intdot.matvec_k)."""
+
+    def lay_out(self, blocks: np.ndarray) -> None:
+        self.blocks = to_groups(blocks, self.layout.nbytes)
         self.code = ggml.CODES[self.fmt]
-
-    @classmethod
-    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray):
-        return cls(shape, raw)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"blocks": self.blocks}
 
-    @classmethod
-    def nbytes_for(cls, shape: tuple[int, int]) -> int:
-        """The stored blocks of the rows padded to a multiple of GROUP."""
-        rows, cols = shape
-        return -(-rows // GROUP) * GROUP * (cols // cls.layout.weights) * cls.layout.nbytes
-
     def to_blocks(self) -> np.ndarray:
         return from_groups(self.blocks, self.shape[0], self.layout.nbytes)
 
-    def export(self) -> dict[str, np.ndarray]:
-        return {"blocks": self.to_blocks()}
-
-    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
-        return grouped_dequantize(self, r0, r1)
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
+        n, w = self.layout.nbytes, self.layout.weights
+        if dot == "int8":
+            intdot.matvec_k(self.blocks, self.code, n, x, norm, eps, mode, add, out)
+        else:
+            ggml.matvec_ggml(self.blocks, self.code, n, w, x, norm, eps, mode, add, out)
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         lay = self.layout
@@ -301,159 +304,30 @@ class CompiledGGMLWeight(CompiledMatrix, GGMLWeight):
         matmat.matmat_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, out,
                            matmat.scratch_for(x.shape[1]))  # fmt: skip
 
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        grouped_matmul(self, x, out)
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        lay = self.layout
-        ggml.matvec_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, norm, eps, mode,
-                         add, out)  # fmt: skip
+class CQ2_KWeight(KGroups):
+    fmt = "q2_k"
 
 
-class CompiledQ5Weight(CompiledMatrix, GGMLWeight):
-    """q5_0 and q5_1, re-laid at load as q4's groups of 4 interleaved rows (nibbles, float16
-    scales and mins) plus each block's 32 fifth bits as one uint32: the same 22 or 24 bytes
-    per block as stored, multiplied by a fused kernel (matvec.matvec_q5)."""
-
-    def __init__(self, shape: tuple[int, int], raw: np.ndarray) -> None:
-        Weight.__init__(self, shape)
-        rows, cols = self.shape
-        lay = self.layout
-        if cols % 32:
-            raise QuantError(f"{self.fmt}: the row length {cols} is not a multiple of 32")
-        nb = cols // 32
-        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, nb, lay.nbytes)
-        h = 4 if lay.has_min else 2  # where the fifth bits start
-        self.scales = to_groups(blocks[:, :, 0:2].copy().view(np.uint16)[:, :, 0], 1)
-        mins = blocks[:, :, 2:4].copy().view(np.uint16)[:, :, 0] if lay.has_min else None
-        self.mins = None if mins is None else to_groups(mins, 1)
-        self.bits = to_groups(blocks[:, :, h : h + 4].copy().view(np.uint32)[:, :, 0], 1)
-        self.codes = to_groups(blocks[:, :, h + 4 :].reshape(rows, -1), 16)
-
-    @classmethod
-    def from_blocks(cls, shape: tuple[int, int], raw: np.ndarray):
-        return cls(shape, raw)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        out = {"codes": self.codes, "scales": self.scales, "bits": self.bits}
-        return out | ({} if self.mins is None else {"mins": self.mins})
-
-    @classmethod
-    def nbytes_for(cls, shape: tuple[int, int]) -> int:
-        rows, cols = shape
-        return -(-rows // GROUP) * GROUP * (cols // 32) * cls.layout.nbytes
-
-    def to_blocks(self) -> np.ndarray:
-        rows, nb = self.shape[0], self.shape[1] // 32
-
-        def raw(a: np.ndarray, per_block: int) -> np.ndarray:
-            return np.ascontiguousarray(from_groups(a, rows, per_block)).view(np.uint8)
-
-        parts = [raw(self.scales, 1)]
-        if self.mins is not None:
-            parts.append(raw(self.mins, 1))
-        parts += [raw(self.bits, 1), raw(self.codes, 16)]
-        return np.concatenate([p.reshape(rows, nb, -1) for p in parts], axis=2).reshape(rows, -1)
-
-    def export(self) -> dict[str, np.ndarray]:
-        return {"blocks": self.to_blocks()}
-
-    def _mins(self) -> tuple[np.ndarray, np.float32]:
-        return (self.scales, Q5_OFFSET) if self.mins is None else (self.mins, ONE)
-
-    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
-        return grouped_dequantize(self, r0, r1)
-
-    def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
-        mins = self.scales if self.mins is None else self.mins
-        dequant.dequant_q5(self.codes, self.scales, mins, self.mins is not None, self.bits,
-                           g0, g1, out)  # fmt: skip
-
-    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        mins = self.scales if self.mins is None else self.mins
-        matmat.matmat_q5(self.codes, self.scales, mins, self.mins is not None, self.bits, x,
-                         out, matmat.scratch_for(x.shape[1]))  # fmt: skip
-
-    def matmul_rows(
-        self, x: np.ndarray, r0: int, r1: int, out: np.ndarray, work: Workspace
-    ) -> None:
-        grouped_matmul(self, x, out)
-
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        mins, factor = self._mins()
-        matvec.matvec_q5(self.codes, self.scales, mins, factor, self.bits, x, norm, eps, mode,
-                         add, out)  # fmt: skip
+class CQ3_KWeight(KGroups):
+    fmt = "q3_k"
 
 
-def _compiled_ggml(fmt: str) -> type[Weight]:
-    base = CompiledQ5Weight if fmt in ("q5_0", "q5_1") else CompiledGGMLWeight
-    return type(f"C{fmt.upper()}Weight", (base, GGML_FORMATS[fmt]), {})
+class CQ4_KWeight(KGroups):
+    fmt = "q4_k"
+
+
+class CQ5_KWeight(KGroups):
+    fmt = "q5_k"
+
+
+class CQ6_KWeight(KGroups):
+    fmt = "q6_k"
 
 
 FORMATS: dict[str, type[Weight]] = {
     cls.fmt: cls
-    for cls in (CF32Weight, CF16Weight, CBF16Weight, CQ8_0Weight, CQ4_0Weight, CQ4_1Weight)
-} | {fmt: _compiled_ggml(fmt) for fmt in GGML_FORMATS}
-
-
-# --- int8 activations (intdot.py): the same layouts, decode products in integer lanes ---
-
-
-class CQ8_0Int8Weight(CQ8_0Weight):
-    dot = "int8"
-
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        intdot.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
-
-
-class CompiledNibbleInt8Weight(CompiledNibbleWeight):
-    dot = "int8"
-
-    @cached_property
-    def _no_bits(self) -> np.ndarray:
-        """matvec_q4's `bits` for a 4-bit format: none per group (made once, not per call)."""
-        return np.empty((self.codes.shape[0], 0), np.uint32)
-
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        mins, factor = self._mins()
-        intdot.matvec_q4(self.codes, self.scales, mins, factor, self._no_bits, x, norm, eps,
-                         mode, add, out)  # fmt: skip
-
-
-class CompiledQ5Int8Weight(CompiledQ5Weight):
-    dot = "int8"
-
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        mins, factor = self._mins()
-        intdot.matvec_q4(self.codes, self.scales, mins, factor, self.bits, x, norm, eps, mode,
-                         add, out)  # fmt: skip
-
-
-class CompiledKInt8Weight(CompiledGGMLWeight):
-    dot = "int8"
-
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False) -> None:
-        intdot.matvec_k(self.blocks, self.code, self.layout.nbytes, x, norm, eps, mode, add, out)
-
-
-def _int8_ggml(fmt: str) -> type[Weight]:
-    base = CompiledQ5Int8Weight if fmt in ("q5_0", "q5_1") else CompiledKInt8Weight
-    return type(f"C{fmt.upper()}Int8Weight", (base, GGML_FORMATS[fmt]), {})
-
-
-class CQ4_0Int8Weight(CompiledNibbleInt8Weight, Q4_0Weight):
-    pass
-
-
-class CQ4_1Int8Weight(CompiledNibbleInt8Weight, Q4_1Weight):
-    pass
-
-
-# The int8 backend's formats: every quantized one has an integer kernel.
-INT8_FORMATS: dict[str, type[Weight]] = (
-    FORMATS
-    | {cls.fmt: cls for cls in (CQ8_0Int8Weight, CQ4_0Int8Weight, CQ4_1Int8Weight)}
-    | {fmt: _int8_ggml(fmt) for fmt in GGML_FORMATS}
-)
+    for cls in (CF32Weight, CF16Weight, CBF16Weight, CQ8_0Weight, CQ4_0Weight, CQ4_1Weight,
+                CQ5_0Weight, CQ5_1Weight, CQ2_KWeight, CQ3_KWeight, CQ4_KWeight, CQ5_KWeight,
+                CQ6_KWeight)
+}  # fmt: skip

@@ -12,7 +12,6 @@ import llama_np
 from llama_np.cli import main
 from llama_np.generation.perplexity import perplexity
 from llama_np.io.quantize import quantize_checkpoint
-from quant import convert
 from tests.helpers import VOCAB, build_hf_model
 
 QUANT = ["bf16", "f16", "q8_0", "q4_0", "q4_1"]
@@ -41,6 +40,7 @@ def test_quantized_model_computes_exactly_its_own_weights(model_dir, fmt):
     w = q.model.weights
     f = llama_np.load(model_dir)
     fw = f.model.weights
+    convert = f.model.backend.convert  # the f32 model's own layout
     fw.embed = convert(w.embed, "f32")
     fw.lm_head = fw.embed if w.lm_head is w.embed else convert(w.lm_head, "f32")
     for lq, lf in zip(w.layers, fw.layers, strict=True):

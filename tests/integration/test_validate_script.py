@@ -25,7 +25,7 @@ def row(**change):
     return dataclasses.replace(base, **change)
 
 
-NUMBA, NUMPY = "numba omp, 2 threads", "numpy, 2 processes"
+NUMBA, NUMPY = "numba omp, 2 threads", "numpy, 2 threads"
 CASES = [  # kernels, weights, depth, window, measured / predicted, verdict
     (NUMBA, "f32", 0, None, 1.1, "holds"),
     (NUMPY, "q8_0", 0, None, 6.0, "NumPy-bound"),

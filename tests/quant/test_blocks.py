@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from quant import FORMATS, QuantError
-from quant.blocks import BLOCK
+
+BLOCK = 32
 
 GGML = {
     "q8_0": GGMLQuantizationType.Q8_0,

@@ -68,8 +68,8 @@ BATCH_IDS = [f"{f}-{r}x{c}" for f, (r, c) in BATCH_CASES]
     ("fmt", "shape"), BATCH_CASES, ids=[f"{f}-{r}x{c}" for f, (r, c) in BATCH_CASES]
 )
 def test_batch_products_equal_the_numpy_kernels(fmt, shape, batch):
-    """The batch kernels (matmat.py: 4 rows x 4 vectors per tile, up to 64 vectors; 65
-    runs tiles through sgemm) on rows and vectors that are not multiples of the tile."""
+    """The batch kernels (matmat.py: 4 rows x 4 vectors at a time, up to 64 vectors; 65
+    runs panels through sgemm) on rows and vectors that are not multiples of 4."""
     a, b = pair(fmt, shape, seed=3)
     x = np.random.default_rng(batch).standard_normal((batch, shape[1])).astype(np.float32)
     dq = np.abs(a.dequantize()).astype(np.float64)
@@ -264,3 +264,8 @@ def test_no_float64_arithmetic_in_a_kernel(kernel):
         for name, body in functions.items():
             bad = [line.strip() for line in body.splitlines() if FLOAT64_MATH.search(line)]
             assert not bad, f"{kernel.__name__}{sig} {name[:60]}: {bad[:3]}"
+
+
+def test_the_attention_kernel_knows_each_kv_format_by_its_first_array():
+    for fmt, cls in KV_FORMATS.items():
+        assert attention.STORE_FORMATS[np.dtype(cls.parts(64)[0][1]).name] == fmt

@@ -15,10 +15,10 @@ import pytest
 
 from quant import intdot
 from quant.backends import numba_backend
-from quant.compiled import FORMATS, INT8_FORMATS, simd
+from quant.compiled import FORMATS, simd
 from quant.compiled import intdot as kernels
 from quant.compiled.ops import NORM, SWIGLU, prepare
-from quant.ggml import LAYOUTS, random_blocks
+from quant.ggml import LAYOUTS, assemble, random_blocks
 
 FMTS = intdot.INT8_FORMATS
 # rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks (of 32 or of 256)
@@ -27,12 +27,12 @@ SHAPES = [(1, 1), (3, 3), (4, 1), (5, 10), (17, 3), (33, 10), (70, 5)]
 
 def shape_for(fmt: str, shape: tuple[int, int]) -> tuple[int, int]:
     """SHAPES' (rows, blocks) as (rows, columns) for the format's block size."""
-    return shape[0], shape[1] * (LAYOUTS[fmt].weights if fmt in LAYOUTS else 32)
+    return shape[0], shape[1] * LAYOUTS[fmt].weights
 
 
 def random_weight(cls, shape: tuple[int, int], rng: np.random.Generator):
     """A random matrix of the format: GGUF blocks with random codes, or a quantized one."""
-    if cls.fmt in LAYOUTS:  # K-quants cannot be quantized to here
+    if not LAYOUTS[cls.fmt].quantizable:
         return cls.from_blocks(shape, random_blocks(cls.fmt, *shape, rng))
     return cls.from_float(rng.standard_normal(shape).astype(np.float32))
 
@@ -49,7 +49,7 @@ def exact_ggml(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
         values[2] = d * rng.integers(-9, 3, (rows, raw.shape[1]))
     for o, v in values.items():
         raw[:, :, o : o + 2] = v.astype(np.float16).view(np.uint8).reshape(rows, -1, 2)
-    return INT8_FORMATS[fmt].from_blocks(shape, raw.reshape(rows, -1))
+    return FORMATS[fmt].from_blocks(shape, raw.reshape(rows, -1))
 
 
 def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
@@ -59,8 +59,8 @@ def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
     multiple of one power of two below 2^24: exact in float32 in any order."""
     rows, cols = shape
     nb = cols // 32
-    cls = INT8_FORMATS[fmt]
-    if fmt in LAYOUTS:  # x's integers small: K-quant sub-scales reach 127 and codes 63
+    cls = FORMATS[fmt]
+    if fmt not in ("q8_0", "q4_0", "q4_1"):  # small x: K sub-scales reach 127, codes 63
         x = rng.integers(-15, 16, cols).astype(np.float32)
         x[::32] = rng.choice([-127.0, 127.0], nb)
         return exact_ggml(fmt, shape, rng), x / np.float32(8)
@@ -70,7 +70,7 @@ def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
     mins = None
     if fmt == "q4_1":
         mins = (scales.astype(np.float32) * rng.integers(-9, 3, (rows, nb))).astype(np.float16)
-    w = cls((rows, cols), codes, scales, mins)
+    w = cls((rows, cols), assemble([scales] + ([] if mins is None else [mins]), codes))
     x = rng.integers(-127, 128, cols).astype(np.float32)
     x[::32] = rng.choice([-127.0, 127.0], nb)
     return w, x / np.float32(8)
@@ -102,12 +102,12 @@ def test_integer_kernel_equals_the_reference_exactly(fmt, shape):
     rng = np.random.default_rng(shape[0] * shape[1])
     for _ in range(3):
         w, x = exact_case(fmt, shape, rng)
-        ref = intdot.matvec(fmt, w.export(), x)
-        got = w.matvec(x)
+        ref = intdot.matvec(fmt, w.to_blocks(), x)
+        got = w.matvec(x, dot="int8")
         assert np.array_equal(got, ref), np.abs(got - ref).max()
         base = rng.integers(-5, 5, shape[0]).astype(np.float32)
         out = base.copy()
-        w.matvec_into(x, out, add=True)  # the residual epilogue
+        w.matvec_into(x, out, add=True, dot="int8")  # the residual epilogue
         assert np.array_equal(out, base + ref)
 
 
@@ -121,8 +121,7 @@ def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(shape[1]) * np.exp(rng.standard_normal(shape[1]))).astype(np.float32)
     f = random_weight(FORMATS[fmt], shape, rng)
-    i = INT8_FORMATS[fmt].from_arrays(shape, f.export())
-    y_f, y_i = f.matvec(x), i.matvec(x)
+    y_f, y_i = f.matvec(x), f.matvec(x, dot="int8")
     W = np.abs(f.dequantize().astype(np.float64)).reshape(shape[0], -1, 32)
     step = np.abs(x.astype(np.float64)).reshape(-1, 32).max(axis=1) / 254
     bound = (W.sum(axis=2) * step).sum(axis=1)
@@ -136,21 +135,22 @@ def test_prologues_are_the_float_kernels(fmt):
     """RMSNorm and SwiGLU before the product run the same code as the float kernels'."""
     rng = np.random.default_rng(3)
     cols = shape_for(fmt, (9, 3))[1]
-    w = random_weight(INT8_FORMATS[fmt], (9, cols), rng)
+    w = random_weight(FORMATS[fmt], (9, cols), rng)
     norm, eps = rng.standard_normal(cols).astype(np.float32), np.float32(1e-5)
     for mode, x in ((NORM, rng.standard_normal(cols)), (SWIGLU, rng.standard_normal(2 * cols))):
         x = x.astype(np.float32)
         fused, plain = np.empty(9, np.float32), np.empty(9, np.float32)
-        w.matvec_into(x, fused, norm, eps, mode)
-        w.matvec_into(prepare(x, norm, eps, mode), plain)
+        w.matvec_into(x, fused, norm, eps, mode, dot="int8")
+        w.matvec_into(prepare(x, norm, eps, mode), plain, dot="int8")
         assert np.array_equal(fused, plain)
 
 
-def test_the_backend_runs_int8_only_where_a_kernel_exists():
+def test_every_quantized_format_has_an_integer_kernel():
+    """The int8 backend is the compiled one with another `dot`; every format the compiled
+    backend quantizes with has an integer kernel (the others are floats)."""
     b = numba_backend("int8")
-    assert {f for f, cls in b.formats.items() if cls.dot == "int8"} == set(FMTS)
-    assert numba_backend("f32").formats == FORMATS
-    assert all(cls.dot == "f32" for cls in FORMATS.values())
+    assert b.dot == "int8" and b.formats is numba_backend("f32").formats is FORMATS
+    assert set(FMTS) == {f for f in FORMATS if f not in ("f32", "f16", "bf16")}
 
 
 PATH_SCRIPT = textwrap.dedent(
@@ -159,7 +159,7 @@ PATH_SCRIPT = textwrap.dedent(
     import numba
     import numpy as np
     from quant.compiled import intdot, simd
-    from quant.compiled.weights import INT8_FORMATS
+    from quant.compiled.weights import FORMATS
     from tests.quant import test_intdot as t
 
     path, run = sys.argv[1], sys.argv[2] == "run"
@@ -169,15 +169,15 @@ PATH_SCRIPT = textwrap.dedent(
         for fmt in t.FMTS:
             for shape in t.SHAPES:
                 t.test_integer_kernel_equals_the_reference_exactly(fmt, shape)
-    w = INT8_FORMATS["q4_1"].from_float(np.ones((4, 256), np.float32))
+    w = FORMATS["q4_1"].from_float(np.ones((4, 256), np.float32))
     x, out = np.ones(256, np.float32), np.empty(4, np.float32)
-    mins, factor = w._mins()
+    mins, factor = w.mins_factor
     bits = np.empty((1, 0), np.uint32)
     args = (w.codes, w.scales, mins, factor, bits, x, x, np.float32(0), 0, False, out)
     sig = tuple(numba.typeof(a) for a in args)
     intdot.matvec_q4.compile(sig)
     print(intdot.matvec_q4.inspect_asm(sig))
-    w = t.random_weight(INT8_FORMATS["q4_k"], (4, 256), np.random.default_rng(0))
+    w = t.random_weight(FORMATS["q4_k"], (4, 256), np.random.default_rng(0))
     args = (w.blocks, w.code, 144, x, x, np.float32(0), 0, False, out)
     sig = tuple(numba.typeof(a) for a in args)
     intdot.matvec_k.compile(sig)

@@ -1,5 +1,5 @@
 """Every format's matvec and matmul equal dequantize-then-multiply within float rounding,
-at odd row counts and across tile and chunk boundaries."""
+at odd row counts and across panel and chunk boundaries, on one thread and on two."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from quant import FORMATS, convert
-from quant.backends import get_backend
-from quant.blocks import TILE_WEIGHTS, plan_tiles
+from quant import FORMATS, threads
+from quant.backends import get_backend, numpy_backend
+from quant.blocks import PANEL_WEIGHTS, plan_panels
 from quant.floats import bf16_to_f32, f16_to_f32, f32_to_bf16
 from tests.helpers import fits, make_weight
 
@@ -19,10 +19,10 @@ SHAPES = [
     (31, 64),
     (3, 256),
     (35, 768),
-    (575, 576),  # two tiles, the second a row shorter
+    (575, 576),  # two panels, the second a row shorter
     (577, 576),
-    (1541, 1536),  # several tiles and a ragged one
-    (33, 4 * TILE_WEIGHTS // 32),  # wide: tiles of 16 rows, the last of 1
+    (1541, 1536),  # several panels and a ragged one
+    (33, 4 * PANEL_WEIGHTS // 32),  # wide: panels of 16 rows, the last of 1
 ]
 
 
@@ -36,9 +36,19 @@ def reference(w, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 CASES = [(f, s) for f in sorted(FORMATS) for s in SHAPES if fits(f, s)]
 
 
-@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+@pytest.fixture
+def n_threads(request):
+    """The NumPy backend's products on this many threads (quant.threads), then one again."""
+    threads.set_threads(request.param)
+    yield request.param
+    threads.set_threads(1)
+
+
+# NumPy on one thread and with its panels split over two; the compiled kernels
+@pytest.mark.parametrize(("kernels", "n_threads"), [("numpy", 1), ("numpy", 2), ("numba", 1)],
+                         ids=["numpy-1", "numpy-2", "numba"], indirect=["n_threads"])  # fmt: skip
 @pytest.mark.parametrize(("fmt", "shape"), CASES, ids=[f"{f}-{r}x{c}" for f, (r, c) in CASES])
-def test_matvec_and_matmul_equal_dequantize_then_multiply(kernels, fmt, shape):
+def test_matvec_and_matmul_equal_dequantize_then_multiply(kernels, n_threads, fmt, shape):
     rng = np.random.default_rng(sum(shape))
     w = make_weight(get_backend(kernels).weight_class(fmt), shape, rng)
     x = rng.standard_normal((5, shape[1])).astype(np.float32)
@@ -55,18 +65,18 @@ def test_matvec_and_matmul_equal_dequantize_then_multiply(kernels, fmt, shape):
 def test_rows_are_an_embedding_lookup(fmt):
     rows = 700
     w = make_weight(FORMATS[fmt], (rows, 256), np.random.default_rng(0))
-    second = plan_tiles(rows, 256)[1][0]
-    ids = np.array([0, rows - 1, 3, 3, second])  # the first row of the second tile
+    second = plan_panels(rows, 256)[1][0]
+    ids = np.array([0, rows - 1, 3, 3, second])  # the first row of the second panel
     np.testing.assert_array_equal(w.rows(ids), w.dequantize()[ids])
 
 
-def test_tiles_split_evenly_for_two_processes():
+def test_panels_split_evenly_for_two_threads():
     for rows, cols in [(576, 576), (192, 576), (1536, 576), (49152, 576), (258, 128)]:
-        tiles = plan_tiles(rows, cols)
-        assert tiles[0][0] == 0 and tiles[-1][1] == rows
-        assert all(a[1] == b[0] for a, b in pairwise(tiles))
-        assert len(tiles) >= 2
-        assert max(t1 - t0 for t0, t1 in tiles) * cols <= max(TILE_WEIGHTS, 16 * cols) * 1.1
+        panels = plan_panels(rows, cols)
+        assert panels[0][0] == 0 and panels[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in pairwise(panels))
+        assert len(panels) >= 2
+        assert max(t1 - t0 for t0, t1 in panels) * cols <= max(PANEL_WEIGHTS, 16 * cols) * 1.1
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
@@ -81,8 +91,8 @@ def test_export_round_trip(kernels, fmt):
 
 def test_convert_keeps_a_matrix_already_in_the_format():
     w = FORMATS["q4_1"].from_float(np.ones((4, 32), np.float32))
-    assert convert(w, "q4_1") is w
-    assert convert(w, "f32").fmt == "f32"
+    assert numpy_backend().convert(w, "q4_1") is w
+    assert numpy_backend().convert(w, "f32").fmt == "f32"
 
 
 def test_f16_conversion_is_exact_for_every_finite_value():

@@ -18,17 +18,20 @@ REL_ERR = {"f32": 0.0, "f16": 2.0**-11, "q8_0": 1 / 254 + 2.0**-11 * 127 / 127}
 def test_write_read_round_trip(fmt, tiled):
     x = np.random.default_rng(0).standard_normal((3, 5, 64)).astype(np.float32) * 4
     store = kv_store_class(fmt)(3, 32, 64, tiled=tiled)
-    written = store.write(7, x.transpose(1, 0, 2))  # written (T, n_kv, hd), read (n_kv, T, hd)
+    store.write(7, x.transpose(1, 0, 2))  # written (T, n_kv, hd), read (n_kv, T, hd)
     got = store.load(7, 12)
     assert got.dtype == np.float32 and got.shape == x.shape
     amax = np.abs(x).reshape(3, 5, 2, 32).max(-1, keepdims=True)
     scale = np.broadcast_to(amax, (3, 5, 2, 32)).reshape(x.shape) if fmt == "q8_0" else np.abs(x)
     assert (np.abs(got - x) <= REL_ERR[fmt] * scale * 1.01 + 1e-7).all()
-    assert written == 3 * 5 * SLOT_BYTES[fmt]
-    # a tiled read touches whole tiles of 16 slots: 7..12 lies in tile 0
-    assert store.stored_nbytes(7, 12) == 3 * (16 if tiled else 5) * SLOT_BYTES[fmt]
-    assert store.stored_nbytes(0, 17) == 3 * (32 if tiled else 17) * SLOT_BYTES[fmt]
-    assert type(store).read_nbytes(17, 3, 64, tiled) == store.stored_nbytes(0, 17)
+    assert type(store).slot_nbytes(3, 64) == 3 * SLOT_BYTES[fmt]
+    # a tiled read touches whole tiles of 16 slots: 0..16 reads tiles 0 and 1
+    assert store.stored_nbytes(12) == 3 * (16 if tiled else 12) * SLOT_BYTES[fmt]
+    assert store.stored_nbytes(17) == 3 * (32 if tiled else 17) * SLOT_BYTES[fmt]
+    # the shape rule is what the arrays really occupy: 32 slots, 2 whole tiles
+    assert (
+        sum(a.nbytes for a in store.arrays()) == store.stored_nbytes(32) == 32 * 3 * SLOT_BYTES[fmt]
+    )
 
 
 @pytest.mark.parametrize("shape", [(3, 8192, 64), (2, 0, 32), (1, 1, 1)])

@@ -1,5 +1,5 @@
-"""Integer SIMD helpers: the byte dot products of the int8-activation kernels (intdot.py),
-written as LLVM vector instructions, and the CPU features that decide which ones.
+"""Integer SIMD: the byte dot products of the int8-activation kernels (intdot.py), written
+as LLVM vector instructions, on the instruction the CPU has (simd/__init__.py decides).
 
 The product of one block of 32 weights of 4 rows with one block of x rounded to int8 is
 16 int32 lanes, 4 per row (a row's dot product is the sum of its 4 lanes). Where it comes
@@ -16,38 +16,16 @@ from, by CPU:
 - neither (a portable build, NUMBA_CPU_NAME=x86-64): the same sums in plain LLVM integer
   vector code, which LLVM lowers to what the target has.
 
-A CPU without VNNI cannot even compile `vpdpbusd`, so the choice is made here once, from
-the features numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host's);
-numba's disk cache already keys every kernel on that CPU name and feature list.
-
-NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2 compiles the AVX2 path on an AVX-512
-machine, which is how the tests run every path."""
+"""
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
-import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-
-def cpu_features() -> set[str]:
-    """The CPU features the kernels are compiled for: NUMBA_CPU_FEATURES when given, none
-    known for a CPU named by NUMBA_CPU_NAME alone (a portable build), else the host's."""
-    if numba.config.CPU_FEATURES:
-        return {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
-    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
-        return set()
-    return {name for name, on in llvm.get_host_cpu_features().items() if on}
-
-
-FEATURES = cpu_features()
-VNNI = {"avx512vnni", "avx512bw"} <= FEATURES
-AVX2 = "avx2" in FEATURES
-# the instruction that multiplies the bytes, named in labels and reports
-DOT_INSTRUCTION = "vpdpbusd" if VNNI else "vpmaddubsw" if AVX2 else "generic"
+from . import AVX2, VNNI
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 I8x64, I32x16 = ir.VectorType(I8, 64), ir.VectorType(I32, 16)

@@ -7,7 +7,7 @@ mins b_s (sub-blocks of 16), and two float16 numbers D and M, with x_e = D a_s c
 Every code vector comes from byte loads, shifts and masks of whole 32- or 64-byte runs
 (no gather, no per-byte loop), because the K-quants store a super-block's codes as bit
 fields of 32-byte runs: element 128 h + 32 f + j sits in field f of byte j of half h.
-`simd.dot_u8` then multiplies each code vector by its 64 values of x (vpdpbusd on VNNI)."""
+`int8.dot_u8` then multiplies each code vector by its 64 values of x (vpdpbusd on VNNI)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from .ggml import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from .simd import I8, I32, F32x16, I32x16, concat, dot_u8
+from ..ggml import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8
 
 
 def _bytes(builder, base, offset: int, n: int):

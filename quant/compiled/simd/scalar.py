@@ -1,0 +1,161 @@
+"""Scalar conversions the kernels need in one instruction each, which numba would
+otherwise widen (it computes uint8 arithmetic in int64, and LLVM then converts int64 to
+float eight lanes per instruction, not sixteen). LLVM vectorizes a loop of them like any
+scalar code: f16 becomes vcvtph2ps, the nibble and bit-field reads vpand/vpsrlw +
+vcvtdq2ps on 8-bit lanes, pow2 a shift of the exponent bits."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import RequireLiteralValue
+from numba.core.extending import intrinsic
+
+
+def _stack(n, lltype, nbtype):
+    if not isinstance(n, types.IntegerLiteral):
+        raise RequireLiteralValue(n)
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, lltype, size=size)
+
+    return types.CPointer(nbtype)(n), codegen
+
+
+@intrinsic
+def stack_f32(typingctx, n):
+    """A pointer to `n` (a constant) float32 on the stack. Accumulators kept there never
+    alias an argument, so LLVM keeps them in vector registers; an array from np.empty
+    lives on the heap and is stored back on every step."""
+    return _stack(n, ir.FloatType(), types.float32)
+
+
+@intrinsic
+def f16(typingctx, bits):
+    """float16 bits (uint16) -> float32: one vcvtph2ps."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def bf16(typingctx, bits):
+    """bfloat16 bits (uint16) -> float32: the top half of a float32 (a zero-extend and a
+    shift: vpmovzxwd + vpslld in a vectorized loop)."""
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def to_f16(typingctx, x):
+    """float32 -> float16 bits (uint16), rounded to nearest even as NumPy's astype: one
+    vcvtps2ph."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def pow2(typingctx, n):
+    """2.0 ** n as float32 for an integer -126 <= n <= 127, built from its bits: an add and
+    a shift of the exponent (vpaddd + vpslld)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        e = builder.add(args[0], ir.Constant(i32, 127))
+        return builder.bitcast(builder.shl(e, ir.Constant(i32, 23)), ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def f16x4(typingctx, src, i, dst):
+    """dst[0:4] = the float16 values src[i:i+4] as float32, in one vector conversion. A
+    scalar float16 load is an insert into a vector register that LLVM merges with whatever
+    the register held, which chains every block's scale to the previous accumulator."""
+
+    def codegen(context, builder, sig, args):
+        s = context.make_array(sig.args[0])(context, builder, args[0])
+        d = context.make_array(sig.args[2])(context, builder, args[2])
+        half4 = ir.VectorType(ir.HalfType(), 4)
+        v = builder.load(builder.bitcast(builder.gep(s.data, [args[1]]), half4.as_pointer()))
+        f = builder.fpext(v, ir.VectorType(ir.FloatType(), 4))
+        builder.store(f, builder.bitcast(d.data, f.type.as_pointer()))
+
+    return types.void(src, types.intp, dst), codegen
+
+
+@intrinsic
+def lo4(typingctx, q):
+    """The low nibble of a byte, as float32: an and in 8-bit lanes (vpand), then widened
+    and converted (vpmovzxbd + vcvtdq2ps)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(builder.and_(args[0], ir.Constant(args[0].type, 15)), ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def hi4(typingctx, q):
+    """The high nibble of a byte, as float32: a shift in 8-bit lanes, widened, converted."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(builder.lshr(args[0], ir.Constant(args[0].type, 4)), ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def u8(typingctx, q):
+    """A byte as float32 (its unsigned value): vpmovzxbd + vcvtdq2ps."""
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(args[0], ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def i8(typingctx, q):
+    """A byte as float32, read as a signed int8: vpmovsxbd + vcvtdq2ps."""
+
+    def codegen(context, builder, signature, args):
+        return builder.sitofp(args[0], ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
+@intrinsic
+def bit(typingctx, word, j):
+    """Bit j (an integer below 32) of a uint32 word, as float32 0.0 or 1.0, in 32-bit
+    lanes (numba's own shifts widen to 64 bits and halve the lanes of a vector)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        shifted = builder.lshr(args[0], builder.trunc(args[1], i32))
+        return builder.uitofp(builder.and_(shifted, ir.Constant(i32, 1)), ir.FloatType())
+
+    return types.float32(types.uint32, types.intp), codegen
+
+
+@intrinsic
+def field(typingctx, byte, shift, mask):
+    """(byte >> shift) & mask as float32, in 8-bit lanes: a bit field of a stored byte."""
+
+    def codegen(context, builder, signature, args):
+        i8t = ir.IntType(8)
+        v = builder.lshr(args[0], builder.trunc(args[1], i8t))
+        return builder.uitofp(builder.and_(v, builder.trunc(args[2], i8t)), ir.FloatType())
+
+    return types.float32(types.uint8, types.intp, types.intp), codegen
