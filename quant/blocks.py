@@ -249,6 +249,10 @@ class DecodedWeight(PanelWeight):
     as they multiply q8_0. The
     stored blocks are kept for export (a view of the file when it is memory-mapped)."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.code_bytes = cls.layout.sub  # one int8 code per weight of a sub-block
+
     def lay_out(self, blocks: np.ndarray) -> None:
         self.raw = blocks
         super().lay_out(blocks)
@@ -259,37 +263,30 @@ class DecodedWeight(PanelWeight):
 
 class Q5_0Weight(DecodedWeight):
     fmt = "q5_0"
-    code_bytes = 32
 
 
 class Q5_1Weight(DecodedWeight):
     fmt = "q5_1"
-    code_bytes = 32
 
 
 class Q2_KWeight(DecodedWeight):
     fmt = "q2_k"
-    code_bytes = 16
 
 
 class Q3_KWeight(DecodedWeight):
     fmt = "q3_k"
-    code_bytes = 16
 
 
 class Q4_KWeight(DecodedWeight):
     fmt = "q4_k"
-    code_bytes = 32
 
 
 class Q5_KWeight(DecodedWeight):
     fmt = "q5_k"
-    code_bytes = 32
 
 
 class Q6_KWeight(DecodedWeight):
     fmt = "q6_k"
-    code_bytes = 16
 
 
 BLOCK_FORMATS: dict[str, type[PanelWeight]] = {

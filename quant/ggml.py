@@ -101,10 +101,10 @@ def check_blocks(fmt: str, shape: tuple[int, int], raw: np.ndarray) -> np.ndarra
     lay, (rows, cols) = LAYOUTS[fmt], shape
     if cols % lay.weights:
         raise QuantError(f"{fmt}: the row length {cols} is not a multiple of {lay.weights}")
-    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
-    if raw.shape[1] != cols // lay.weights * lay.nbytes:
-        raise QuantError(f"{fmt}: {raw.shape[1]} bytes per row do not fit {cols} weights")
-    return raw
+    raw = np.ascontiguousarray(raw).view(np.uint8)
+    if raw.size != rows * (cols // lay.weights * lay.nbytes):
+        raise QuantError(f"{fmt}: {raw.size} bytes do not fit a {rows} x {cols} matrix")
+    return raw.reshape(rows, -1)
 
 
 def assemble(halves: list[np.ndarray], codes: np.ndarray) -> np.ndarray:

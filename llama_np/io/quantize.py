@@ -1,8 +1,9 @@
 """`llama-np quantize`: write a checkpoint whose matrices are stored in another format.
 
 The output is a Hugging Face-style directory (config.json, tokenizer files, one
-model.safetensors) that every command loads. Block formats are stored as their canonical
-parts at rest (codes, float16 scales and mins) under `<tensor name>:<part>`, and the
+model.safetensors) that every command loads. Block formats are stored as their GGUF
+blocks under `<tensor name>:blocks` (checkpoints written before, with q8_0 / q4_0 / q4_1
+as codes, float16 scales and mins, still load), and the
 safetensors metadata `llama_np.formats` names each tensor's format and shape. The
 directory is written next to OUT under a temporary name and renamed into place, so an
 interrupted run leaves no partial OUT behind.

@@ -89,6 +89,20 @@ def test_export_round_trip(kernels, fmt):
     assert back.nbytes == w.nbytes
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_checkpoints_saved_as_codes_and_scales_still_load(kernels, fmt):
+    """Before the sweep that made GGUF blocks the one form at rest, llama-np saved these
+    three formats as codes (GGML's byte order), float16 scales and mins."""
+    cls = get_backend(kernels).weight_class(fmt)
+    w = make_weight(cls, (6, 96), np.random.default_rng(2))
+    b = w.to_blocks().reshape(6, 3, -1)
+    halves = [b[:, :, o : o + 2].copy().view(np.float16)[..., 0] for o in w.layout.halves]
+    old = {"codes": b[:, :, 2 * len(halves) :].reshape(6, -1), "scales": halves[0]}
+    old |= {"mins": halves[1]} if len(halves) > 1 else {}
+    np.testing.assert_array_equal(cls.from_arrays(w.shape, old).to_blocks(), w.to_blocks())
+
+
 def test_convert_keeps_a_matrix_already_in_the_format():
     w = FORMATS["q4_1"].from_float(np.ones((4, 32), np.float32))
     assert numpy_backend().convert(w, "q4_1") is w
