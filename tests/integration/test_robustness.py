@@ -107,8 +107,8 @@ def cpu_seconds(pid: int) -> float:
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
 def test_an_idle_chat_gives_its_cores_back(smollm2_path, kernels):
-    """Between chat turns no kernel thread, OpenMP's, OpenBLAS's or the process team's,
-    keeps spinning: over a second of waiting for input the process uses < 20 ms of CPU."""
+    """Between chat turns no kernel thread, OpenMP's, OpenBLAS's or the NumPy backend's
+    pool, keeps spinning: over a second of waiting for input the process uses < 20 ms of CPU."""
     args = ["chat", "-m", str(smollm2_path), "-n", "16", "--temp", "0", "--kernels", kernels, "-v"]
     p = _start(args)
     try:
@@ -129,7 +129,8 @@ def test_an_idle_chat_gives_its_cores_back(smollm2_path, kernels):
 
 
 def children(pid: int) -> list[int]:
-    """Processes forked by `pid` (the NumPy backend's kernel team)."""
+    """Processes forked by `pid`: none today (the NumPy backend's process team is gone),
+    counted so that a helper process that spins could not hide."""
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
