@@ -27,7 +27,8 @@ def set_threads(n: int) -> int:
     if n != _threads:
         if _pool is not None:
             _pool.shutdown()
-        _pool = ThreadPoolExecutor(n, thread_name_prefix="llama-np") if n > 1 else None
+        # the calling thread takes a share too (for_each): n - 1 more threads
+        _pool = ThreadPoolExecutor(n - 1, thread_name_prefix="llama-np") if n > 1 else None
         _threads = n
     return n
 
