@@ -28,7 +28,7 @@ import numpy as np
 
 from . import threads
 from .base import BlockFormat
-from .ggml import assemble, decode
+from .ggml import assemble, decode, split
 
 # Weights converted per NumPy call. A call costs 3-6 us whatever its size, so small panels
 # drown in overhead: 1M weights (a 4 MiB float32 buffer, in L3) measured best here, ahead
@@ -200,11 +200,9 @@ class NibbleWeight(PanelWeight):
     code_bytes = 16
 
     def kernel_codes(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        rows, nb = self.shape[0], self.nb
-        b = blocks.reshape(rows, nb, self.layout.nbytes)
-        halves = [b[:, :, o : o + 2].copy().view(np.float16)[..., 0] for o in self.layout.halves]
-        codes = b[:, :, 2 * len(halves) :].reshape(rows, -1)
-        return codes, halves[0].astype(np.float32), (halves[1] if self.layout.has_min else None)
+        halves, codes = split(self.fmt, blocks)
+        d, *m = (h.view(np.float16).astype(np.float32) for h in halves)
+        return codes.reshape(self.shape[0], -1), d, (m[0] if m else None)
 
     def to_blocks(self) -> np.ndarray:
         halves = [self.rows_of(3)] + ([self.rows_of(4)] if self.layout.has_min else [])

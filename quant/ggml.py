@@ -118,6 +118,15 @@ def assemble(halves: list[np.ndarray], codes: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=2).reshape(rows, -1)
 
 
+def split(fmt: str, blocks: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The inverse of `assemble` for the blocks of 32 (rows, nb * nbytes): their float16
+    scale (and min) bits, (rows, nb) uint16 each, and the bytes after them (rows, nb, k)."""
+    lay = LAYOUTS[fmt]
+    b = blocks.reshape(blocks.shape[0], -1, lay.nbytes)
+    halves = [b[:, :, o : o + 2].copy().view(np.uint16)[:, :, 0] for o in lay.halves]
+    return halves, b[:, :, 2 * len(halves) :]
+
+
 def np_roundf(n: np.ndarray) -> np.ndarray:
     """C's roundf (half away from zero), as GGML and gguf.quants use it."""
     a = np.abs(n)

@@ -120,12 +120,10 @@ class KVCache:
                 f"context full: {p0 + t} positions exceed the context size {self.capacity}"
             )
         K, V = self.k[0], self.v[0]  # every layer is alike
-        if self.window is not None and t > 1:  # the keys held, then the new ones
-            read = min(p0, self.window)
-        else:
-            read = self.n_keys(p0 + t - 1)
-        written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
         n = self.n_keys(p0 + t - 1)
+        # a batch under a window reads the keys held, then attends to the new ones too
+        read = min(p0, self.window) if self.window is not None and t > 1 else n
+        written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
         return Span(t, p0 % self.slots, n, K.stored_nbytes(read) + V.stored_nbytes(read), written)
 
     def arrays(self, layer: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..base import BlockFormat, Weight
 from ..floats import BF16Weight, F16Weight, F32Weight
-from ..ggml import assemble
+from ..ggml import assemble, split
 from . import dequant, ggml, intdot, matmat, matvec
 from .matvec import GROUP
 
@@ -151,19 +151,13 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
             np.matmul(x, panel[: b - a].T, out=out[:, a:b])
         return out
 
-    def _halves(self, blocks: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Blocks of 32 (rows, nb * nbytes) -> (rows, nb, nbytes) and their float16 scale
-        (and min) bits, (rows, nb) uint16 each."""
-        b = blocks.reshape(self.shape[0], -1, self.layout.nbytes)
-        return b, [b[:, :, o : o + 2].copy().view(np.uint16)[:, :, 0] for o in self.layout.halves]
-
 
 class CQ8_0Weight(GroupedWeight):
     fmt = "q8_0"
 
     def lay_out(self, blocks: np.ndarray) -> None:
-        b, (d,) = self._halves(blocks)
-        self.codes = to_groups(b[:, :, 2:].reshape(self.shape[0], -1), 32)
+        (d,), codes = split(self.fmt, blocks)
+        self.codes = to_groups(codes.reshape(self.shape[0], -1), 32)
         self.scales = to_groups(d, 1)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -194,16 +188,14 @@ class NibbleGroups(GroupedWeight):
     offset: ClassVar[np.float32]  # the factor of a format without mins
 
     def lay_out(self, blocks: np.ndarray) -> None:
-        rows = self.shape[0]
-        b, halves = self._halves(blocks)
-        at = 2 * len(halves)  # where the fifth bits (q5) or the nibbles (q4) start
+        halves, rest = split(self.fmt, blocks)
         self.scales = to_groups(halves[0], 1)
         self.mins = to_groups(halves[1], 1) if self.layout.has_min else None
         self.bits = None
-        if self.layout.nbytes - at == 20:  # q5: 4 bytes of fifth bits, then the nibbles
-            self.bits = to_groups(b[:, :, at : at + 4].copy().view(np.uint32)[:, :, 0], 1)
-            at += 4
-        self.codes = to_groups(b[:, :, at:].reshape(rows, -1), 16)
+        if rest.shape[2] == 20:  # q5: 4 bytes of fifth bits, then the 16 bytes of nibbles
+            self.bits = to_groups(rest[:, :, :4].copy().view(np.uint32)[:, :, 0], 1)
+            rest = rest[:, :, 4:]
+        self.codes = to_groups(rest.reshape(self.shape[0], -1), 16)
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {"codes": self.codes, "scales": self.scales}
