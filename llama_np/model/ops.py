@@ -186,3 +186,10 @@ class NumpyOps:
             positions = np.arange(cache.pos, cache.pos + t)
             mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
         return attention(q, view.k, view.v, mask)
+
+    def decode_blocks(
+        self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
+    ) -> np.ndarray | None:
+        """Every decoder block of a decode step in one call, where a backend has it
+        (ops_compiled); None: the forward pass runs the blocks one operation at a time."""
+        return None

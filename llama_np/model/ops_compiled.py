@@ -1,9 +1,13 @@
 """The forward pass's operations on the compiled backend: for one token (decode) each is one
 compiled call, the matrix product with its RMSNorm, SwiGLU or residual addition fused in
-(quant.compiled.ops.prologue); a prompt (several tokens) runs the NumPy reference, whose
-batched matrix products are as fast as anything here."""
+(quant.compiled.ops.prologue), and all the decoder blocks of a decode step can run as one
+call (`decode_blocks`: quant.compiled.layers); a prompt (several tokens) runs the NumPy
+reference, whose batched matrix products are as fast as anything here."""
 
 from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -11,7 +15,7 @@ from arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
-from quant.compiled import attention, ops
+from quant.compiled import attention, layers, ops
 
 NO_NORM, ZERO = np.zeros(1, np.float32), np.float32(0)
 
@@ -31,9 +35,70 @@ def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarr
         r0 = r1
 
 
+class Blocks:
+    """A model's decoder blocks as quant.compiled.layers.decode_blocks takes them, packed
+    once: a table of every product's operands, which rows each layer's products are, the
+    norms and biases stacked by layer; and, per KV cache, the addresses of its layers."""
+
+    def __init__(self, blocks: Sequence) -> None:
+        """`blocks`: llama_np.model.transformer.Layer, each product in a compiled format."""
+        operands, self.plan = [], np.zeros((len(blocks), 4, 2), np.int64)
+        for i, b in enumerate(blocks):
+            for j, w in enumerate((b.wqkv, b.wo, b.w_gate_up, b.w_down)):
+                parts = [p.operands() for p in w.leaves()]
+                self.plan[i, j] = len(operands), len(operands) + len(parts)
+                operands += parts
+        self.table = layers.table(operands)
+        self.norms = np.stack([np.stack([b.attn_norm, b.mlp_norm]) for b in blocks])
+        self.norms = self.norms.astype(np.float32)
+        bias = [b.qkv_bias for b in blocks]
+        self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
+                       else np.stack(bias).astype(np.float32))  # fmt: skip
+        self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def packable(blocks: Sequence) -> bool:
+        return all(hasattr(p, "operands") for b in blocks
+                   for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down) for p in w.leaves())  # fmt: skip
+
+    def kv_addresses(self, cache: KVCache) -> np.ndarray:
+        """(layers, arrays of a key store + of a value store): where each layer's are."""
+        at = self._kv.get(cache)
+        if at is None:
+            stores = [cache.arrays(i) for i in range(len(self.plan))]
+            at = np.array([[layers.address(a) for a in k + v] for k, v in stores], np.int64)
+            self._kv[cache] = at
+        return at
+
+
 class CompiledOps(NumpyOps):
     def __init__(self, dot: str) -> None:
         self.dot = dot  # x in quantized decode products: "f32" or "int8" (the backend's)
+        self.one_call = True  # decode's blocks in one call; False: call by call (to compare)
+        self._blocks: tuple[Sequence, Blocks | None] | None = None
+
+    def packed(self, blocks: Sequence) -> Blocks | None:
+        """`blocks` packed for decode_blocks (once per model), or None when a product is
+        in a format without a compiled kernel."""
+        if self._blocks is None or self._blocks[0] is not blocks:
+            self._blocks = (blocks, Blocks(blocks) if Blocks.packable(blocks) else None)
+        return self._blocks[1]
+
+    def decode_blocks(
+        self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
+    ) -> np.ndarray | None:
+        """One token through every decoder block in one compiled call: x (1, dim) in place,
+        returned; None (nothing done) when the blocks cannot be packed."""
+        packed = self.packed(blocks) if self.one_call else None
+        if packed is None or x.shape[0] != 1:
+            return None
+        keys, values = cache.arrays(0)
+        t = packed.table
+        layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
+                             np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
+                             packed.kv_addresses(cache), span.slot, span.n_keys,
+                             self.dot == "int8")  # fmt: skip
+        return x
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)

@@ -56,6 +56,21 @@ class Seam:
         return np.concatenate([self.attention(qkv[b : b + 1], c, layer, rots[b], spans[b])
                                for b, c in enumerate(caches)])  # fmt: skip
 
+    def decode_blocks(
+        self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache, rot: Rotary,
+        span: Span,
+    ) -> np.ndarray | None:  # fmt: skip
+        """Every decoder block of a decode step in one call, if the operations have it:
+        records `reads` (the blocks' weights, norms and biases by category, as the calls
+        one by one record them) and each layer's KV span. None when they do not."""
+        out = self.ops.decode_blocks(self.config, blocks, x, cache, rot, span)
+        if out is not None:
+            for category, n in reads.items():
+                self.meter.read(category, n)
+            self.meter.read("kv_cache", len(blocks) * span.read_nbytes)
+            self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
+        return out
+
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
         self.meter.read(category, w.nbytes)
@@ -71,7 +86,11 @@ class Seam:
 
 class Profiled(Seam):
     """The same calls, each timed into the meter's category of the bytes it reads (a
-    product's fused norm and activation count as the product's time)."""
+    product's fused norm and activation count as the product's time). The blocks run one
+    operation at a time, so that each has a time of its own."""
+
+    def decode_blocks(self, *args) -> None:
+        return None
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
         t0 = perf_counter()

@@ -7,6 +7,8 @@ through the seam (llama_np.model.seam), which records the bytes it reads in the 
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -151,11 +153,30 @@ class Transformer:
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
         x = seam.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
-        x = self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
+        whole = (
+            seam.decode_blocks(w.layers, self.block_reads, x, cache, rot, span) if t == 1 else None
+        )
+        x = (
+            whole
+            if whole is not None
+            else self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
+        )
         cache.advance(t)
         logits = seam.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
         self.meter.end()
         return logits if all_logits else logits[-1]  # (T or 1, vocab)
+
+    @functools.cached_property
+    def block_reads(self) -> dict[str, int]:
+        """Bytes the decoder blocks' weights, norms and biases take, by the meter's category:
+        what `_blocks`' seam calls record one by one in a decode step."""
+        reads: Counter[str] = Counter()
+        for l in self.weights.layers:
+            reads["norms"] += l.attn_norm.nbytes + l.mlp_norm.nbytes
+            reads[ATTN] += l.wqkv.nbytes + l.wo.nbytes
+            reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
+            reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
+        return dict(reads)
 
     def _blocks(self, x: np.ndarray, attend: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
         """The decoder blocks on x (T, dim); `attend(qkv, layer)` -> (T, q_dim)."""

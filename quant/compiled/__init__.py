@@ -25,7 +25,7 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     import numpy as np
 
     from ..kv import KV_FORMATS
-    from . import attention, ops
+    from . import attention, layers, ops
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(256).astype(np.float32)
@@ -43,6 +43,6 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     for kv in kv_formats:
         keys, values = KV_FORMATS[kv](1, 16, 32, tiled=True), KV_FORMATS[kv](1, 16, 32)
         qkv = rng.standard_normal(3 * 32).astype(np.float32)
-        attention.attend(
-            qkv, cos, sin, tuple(keys.arrays()), tuple(values.arrays()), 0, 1, out[:32]
-        )
+        stores = tuple(keys.arrays()), tuple(values.arrays())
+        attention.attend(qkv, cos, sin, *stores, 0, 1, out[:32])
+        layers.warm_up(*stores)

@@ -65,10 +65,15 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     return wrap(fn) if fn is not None else wrap
 
 
+def sources() -> list[Path]:
+    """The source files kernels are compiled from: this package's, subpackages included."""
+    return sorted(Path(__file__).parent.rglob("*.py"))
+
+
 @contextlib.contextmanager
 def kernel_cache() -> Iterator[None]:
     """Kernels defined inside are cached on disk in the project's cache, under a key made
-    of every source file of this package and numba's version. numba itself keys a
+    of every source file of this package (`sources`) and numba's version. numba itself keys a
     kernel's cache on its own file only, so a change to a helper in another file (this
     one) would load stale machine code; and the project's cache is the one kept between
     runs. An explicit NUMBA_CACHE_DIR wins."""
@@ -77,7 +82,7 @@ def kernel_cache() -> Iterator[None]:
     saved = numba.config.CACHE_DIR
     if not os.environ.get("NUMBA_CACHE_DIR"):
         h = hashlib.sha256(numba.__version__.encode())
-        for source in sorted(Path(__file__).parent.glob("*.py")):
+        for source in sources():
             h.update(source.read_bytes())
         numba.config.CACHE_DIR = str(cache_dir() / "kernels" / h.hexdigest()[:16])
     try:

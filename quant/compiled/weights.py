@@ -26,7 +26,8 @@ import numpy as np
 from ..base import BlockFormat, Weight
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import assemble, split
-from . import dequant, ggml, intdot, matmat, matvec
+from . import dequant, ggml, intdot, layers, matmat, matvec
+from .layers import Operands
 from .matvec import GROUP
 
 # Weights dequantized per panel of a long prompt: a 4 MiB float32 panel stays in L2/L3.
@@ -85,6 +86,9 @@ class CF32Weight(CompiledMatrix, F32Weight):
     def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
         matmat.matmat_f32(self.w, x, out)
 
+    def operands(self) -> Operands:
+        return Operands(layers.F32, self.shape[0], (self.w,))
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
         if x.shape[0] > BATCH:
             return super().matmul(x)  # BLAS sgemm
@@ -97,6 +101,9 @@ class CF16Weight(CompiledMatrix, F16Weight):
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
 
+    def operands(self) -> Operands:
+        return Operands(layers.F16, self.shape[0], (self.bits,))
+
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         rows = self.bits[r0:r1]
         out = np.empty(rows.shape, np.float32)
@@ -107,6 +114,9 @@ class CF16Weight(CompiledMatrix, F16Weight):
 class CBF16Weight(CompiledMatrix, BF16Weight):
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
+
+    def operands(self) -> Operands:
+        return Operands(layers.BF16, self.shape[0], (self.bits,))
 
 
 class GroupedWeight(CompiledMatrix, BlockFormat):
@@ -172,6 +182,9 @@ class CQ8_0Weight(GroupedWeight):
         kernel = intdot.matvec_q8_0 if dot == "int8" else matvec.matvec_q8_0
         kernel(self.codes, self.scales, x, norm, eps, mode, add, out)
 
+    def operands(self) -> Operands:
+        return Operands(layers.Q8_0, self.shape[0], (self.codes, self.scales))
+
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
@@ -232,6 +245,12 @@ class NibbleGroups(GroupedWeight):
             matvec.matvec_q5(self.codes, self.scales, mins, factor, self.bits, x, norm, eps,
                              mode, add, out)  # fmt: skip
 
+    def operands(self) -> Operands:
+        mins, factor = self.mins_factor
+        kind = layers.Q4 if self.bits is None else layers.Q5
+        return Operands(kind, self.shape[0], (self.codes, self.scales, mins, self.fifth_bits),
+                        float(factor))  # fmt: skip
+
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         mins, factor = self.mins_factor
         if self.bits is None:
@@ -286,6 +305,11 @@ class KGroups(GroupedWeight):
             intdot.matvec_k(self.blocks, self.code, n, x, norm, eps, mode, add, out)
         else:
             ggml.matvec_ggml(self.blocks, self.code, n, w, x, norm, eps, mode, add, out)
+
+    def operands(self) -> Operands:
+        lay = self.layout
+        return Operands(layers.KQUANT, self.shape[0], (self.blocks,), code=self.code,
+                        nbytes=lay.nbytes, weights=lay.weights)  # fmt: skip
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         lay = self.layout

@@ -269,3 +269,17 @@ def test_no_float64_arithmetic_in_a_kernel(kernel):
 def test_the_attention_kernel_knows_each_kv_format_by_its_first_array():
     for fmt, cls in KV_FORMATS.items():
         assert attention.STORE_FORMATS[np.dtype(cls.parts(64)[0][1]).name] == fmt
+
+
+def test_kernel_cache_key_covers_every_kernel_source():
+    """The disk cache's key hashes every file the kernels are compiled from, the SIMD
+    helpers in quant/compiled/simd/ included: a helper changed in one file must not load
+    stale machine code of a kernel in another."""
+    from pathlib import Path
+
+    from quant.compiled import jit
+
+    package = Path(jit.__file__).parent
+    names = {str(p.relative_to(package)) for p in jit.sources()}
+    assert {"jit.py", "matvec.py", "layers.py", "simd/lanes.py", "simd/int8.py"} <= names
+    assert names == {str(p.relative_to(package)) for p in package.rglob("*.py")}
