@@ -189,7 +189,8 @@ class NumpyOps:
 
     def decode_blocks(
         self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
-    ) -> np.ndarray | None:
-        """Every decoder block of a decode step in one call, where a backend has it
-        (ops_compiled); None: the forward pass runs the blocks one operation at a time."""
-        return None
+    ) -> bool:
+        """Every decoder block of a decode step in one call on x (1, dim), in place, where a
+        backend has it (ops_compiled); False: the forward pass runs the blocks one operation
+        at a time."""
+        return False

@@ -86,19 +86,19 @@ class CompiledOps(NumpyOps):
 
     def decode_blocks(
         self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
-    ) -> np.ndarray | None:
-        """One token through every decoder block in one compiled call: x (1, dim) in place,
-        returned; None (nothing done) when the blocks cannot be packed."""
+    ) -> bool:
+        """One token through every decoder block in one compiled call, x (1, dim) in place;
+        False (nothing done) when the blocks cannot be packed."""
         packed = self.packed(blocks) if self.one_call else None
         if packed is None or x.shape[0] != 1:
-            return None
+            return False
         keys, values = cache.arrays(0)
         t = packed.table
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
                              packed.kv_addresses(cache), span.slot, span.n_keys,
                              self.dot == "int8")  # fmt: skip
-        return x
+        return True
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)

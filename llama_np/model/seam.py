@@ -59,17 +59,18 @@ class Seam:
     def decode_blocks(
         self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache, rot: Rotary,
         span: Span,
-    ) -> np.ndarray | None:  # fmt: skip
-        """Every decoder block of a decode step in one call, if the operations have it:
-        records `reads` (the blocks' weights, norms and biases by category, as the calls
-        one by one record them) and each layer's KV span. None when they do not."""
-        out = self.ops.decode_blocks(self.config, blocks, x, cache, rot, span)
-        if out is not None:
+    ) -> bool:  # fmt: skip
+        """Every decoder block of a decode step in one call on x (1, dim), in place, if the
+        operations have it: then records `reads` (the blocks' weights, norms and biases by
+        category, as the calls one by one record them) and each layer's KV span, and says
+        True; False (nothing done) when they do not."""
+        done = self.ops.decode_blocks(self.config, blocks, x, cache, rot, span)
+        if done:
             for category, n in reads.items():
                 self.meter.read(category, n)
             self.meter.read("kv_cache", len(blocks) * span.read_nbytes)
             self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
-        return out
+        return done
 
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
@@ -89,8 +90,8 @@ class Profiled(Seam):
     product's fused norm and activation count as the product's time). The blocks run one
     operation at a time, so that each has a time of its own."""
 
-    def decode_blocks(self, *args) -> None:
-        return None
+    def decode_blocks(self, *args) -> bool:
+        return False
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
         t0 = perf_counter()

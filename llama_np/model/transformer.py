@@ -153,14 +153,9 @@ class Transformer:
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
         x = seam.embed(w.embed, tokens)  # (T, dim)
         rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
-        whole = (
-            seam.decode_blocks(w.layers, self.block_reads, x, cache, rot, span) if t == 1 else None
-        )
-        x = (
-            whole
-            if whole is not None
-            else self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
-        )
+        # a decode step runs every block in one call (x in place) where the backend can
+        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rot, span)):
+            x = self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
         cache.advance(t)
         logits = seam.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
         self.meter.end()
