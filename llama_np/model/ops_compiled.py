@@ -58,8 +58,13 @@ class Blocks:
 
     @staticmethod
     def packable(blocks: Sequence) -> bool:
-        return all(hasattr(p, "operands") for b in blocks
-                   for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down) for p in w.leaves())  # fmt: skip
+        """Whether every product has compiled kernels over 2-D C-contiguous arrays (what
+        the table can name); if not, decode runs the blocks call by call."""
+        parts = [p for b in blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)
+                 for p in w.leaves()]  # fmt: skip
+        return all(hasattr(p, "operands") for p in parts) and all(
+            a.ndim == 2 and a.flags.c_contiguous for p in parts for a in p.operands().arrays
+        )
 
     def kv_addresses(self, cache: KVCache) -> np.ndarray:
         """(layers, arrays of a key store + of a value store): where each layer's are."""
