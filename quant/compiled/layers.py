@@ -181,7 +181,8 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, cos, sin, keys, va
     norms (L, 2, dim): the attention and MLP norms; biases (L, qkv rows) or (L, 0);
     cos, sin (hd / 2,): the token's RoPE angle; keys, values: layer 0's KV stores, and
     kv_at (L, arrays of both): every layer's at its addresses; slot, n_keys: the span.
-    Each layer as llama_np.model.transformer.Transformer._blocks runs it."""
+    Each layer as llama_np.model.transformer.Transformer._blocks runs it; every layer has
+    layer 0's shapes (the buffers are sized by it)."""
     n_kv, hd = values[0].shape[0], cos.shape[0] * 2
     qkv = np.empty(out_rows(rows, plan[0, 0, 0], plan[0, 0, 1]), np.float32)
     att = np.empty(qkv.shape[0] - 2 * n_kv * hd, np.float32)
