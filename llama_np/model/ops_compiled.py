@@ -17,8 +17,6 @@ from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
 from quant.compiled import attention, layers, ops
 
-NO_NORM, ZERO = np.zeros(1, np.float32), np.float32(0)
-
 
 def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
             eps: float, add: bool, dot: str) -> None:  # fmt: skip
@@ -31,7 +29,7 @@ def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarr
     h, r0 = ops.prepare(x, norm, eps, mode), 0
     for p in w.leaves():
         r1 = r0 + p.shape[0]
-        p.matvec_into(h, out[r0:r1], NO_NORM, ZERO, ops.PLAIN, add, dot)
+        p.matvec_into(h, out[r0:r1], ops.NO_NORM, ops.ZERO, ops.PLAIN, add, dot)
         r0 = r1
 
 
@@ -63,7 +61,7 @@ class Blocks:
         parts = [p for b in blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)
                  for p in w.leaves()]  # fmt: skip
         return all(hasattr(p, "operands") for p in parts) and all(
-            a.ndim == 2 and a.flags.c_contiguous for p in parts for a in p.operands().arrays
+            layers.addressable(a) for p in parts for a in p.operands().arrays
         )
 
     def kv_addresses(self, cache: KVCache) -> np.ndarray:
@@ -118,13 +116,15 @@ class CompiledOps(NumpyOps):
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray) -> np.ndarray:
         if x.shape[0] != 1:
             return super().linear_add(x, w, inp)
-        product(w, inp[0], x[0], ops.PLAIN, NO_NORM, ZERO, True, self.dot)  # in place: x is ours
+        product(
+            w, inp[0], x[0], ops.PLAIN, ops.NO_NORM, ops.ZERO, True, self.dot
+        )  # in place: x is ours
         return x
 
     def swiglu_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray) -> np.ndarray:
         if x.shape[0] != 1:
             return super().swiglu_linear_add(x, w, gate_up)
-        product(w, gate_up[0], x[0], ops.SWIGLU, NO_NORM, ZERO, True, self.dot)
+        product(w, gate_up[0], x[0], ops.SWIGLU, ops.NO_NORM, ops.ZERO, True, self.dot)
         return x
 
     def attention(

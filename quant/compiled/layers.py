@@ -26,14 +26,13 @@ from numba.core.extending import intrinsic, overload
 
 from . import attention, ggml, intdot, matvec
 from .jit import kernel
-from .ops import NORM, PLAIN, SWIGLU, prologue
+from .ops import NO_NORM, NORM, PLAIN, SWIGLU, ZERO, prologue
 
 # what a row of the table multiplies, and so which kernel runs it
 F32, F16, BF16, Q8_0, Q4, Q5, KQUANT = range(7)
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
 KIND, ROWS, CODE, NBYTES, WEIGHTS, FIRST = range(6)  # the columns; arrays from FIRST on
 COLUMNS = FIRST + 3 * ARRAYS
-NO_NORM = np.zeros(1, np.float32)
 
 
 class Operands(NamedTuple):
@@ -63,6 +62,11 @@ def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def addressable(a: np.ndarray) -> bool:
+    """Whether a table row can name the array: 2-D and C-contiguous."""
+    return a.ndim == 2 and a.flags.c_contiguous
+
+
 def table(operands: list[Operands]) -> Table:
     """One row per matrix."""
     rows = np.zeros((len(operands), COLUMNS), np.int64)
@@ -70,7 +74,7 @@ def table(operands: list[Operands]) -> Table:
     for i, op in enumerate(operands):
         rows[i, :FIRST] = op.kind, op.rows, op.code, op.nbytes, op.weights
         for j, a in enumerate(op.arrays):
-            if a.ndim != 2 or not a.flags.c_contiguous:
+            if not addressable(a):
                 raise ValueError(f"operand arrays must be 2-D and C-contiguous, got {a.shape}")
             rows[i, FIRST + 3 * j : FIRST + 3 * j + 3] = address(a), *a.shape
             keep.append(a)
@@ -145,7 +149,7 @@ def product(rows, factors, p0, p1, x, norm, eps, mode, add, out, int8):
     r0 = 0
     for p in range(p0, p1):
         r1 = r0 + rows[p, ROWS]
-        run(rows, factors, p, h, NO_NORM, np.float32(0), PLAIN, add, out[r0:r1], int8)
+        run(rows, factors, p, h, NO_NORM, ZERO, PLAIN, add, out[r0:r1], int8)
         r0 = r1
 
 

@@ -39,6 +39,7 @@ def swiglu(gate_up, out):
 # kernel where it would call three (a call costs ~2 us here: dispatch and a parallel
 # launch). Before: nothing, RMSNorm, or SwiGLU of the input. After: store, or add.
 PLAIN, NORM, SWIGLU = 0, 1, 2
+NO_NORM, ZERO = np.zeros(1, np.float32), np.float32(0)  # a product's norm and eps without one
 
 
 @kernel(inline=True)

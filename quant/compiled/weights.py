@@ -29,6 +29,7 @@ from ..ggml import assemble, split
 from . import dequant, ggml, intdot, layers, matmat, matvec
 from .layers import Operands
 from .matvec import GROUP
+from .ops import NO_NORM, ZERO
 
 # Weights dequantized per panel of a long prompt: a 4 MiB float32 panel stays in L2/L3.
 PANEL_WEIGHTS = 1 << 20
@@ -57,9 +58,7 @@ def from_groups(a: np.ndarray, rows: int, per_block: int) -> np.ndarray:
     return rowwise.reshape(groups * GROUP, nb * per_block)[:rows]
 
 
-NO_NORM = np.zeros(1, np.float32)
 ONE = np.float32(1)  # the factor on a format's own mins
-ZERO = np.float32(0)
 
 
 class CompiledMatrix:
