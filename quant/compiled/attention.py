@@ -311,6 +311,17 @@ def rope(x, cos, sin):
         x[j + half] = b * cos[j] + a * sin[j]
 
 
+@kernel(inline=True)
+def split(tiles):
+    """(pieces, tiles per piece) for the parallel work over `tiles` tiles of one head: at
+    least TILES_PER_TASK tiles a piece, at most 64 pieces, and none left empty (rounding
+    the run up could leave the last pieces without a tile: from 4609 keys on, such a
+    piece once made the kernel fail)."""
+    pieces = max(1, min(tiles // TILES_PER_TASK, 64))
+    run = -(-tiles // pieces)
+    return -(-tiles // run), run
+
+
 @kernel(parallel=True)
 def attend(qkv, cos, sin, keys, values, slot, n, out):
     """One decode step of one layer.
@@ -335,8 +346,7 @@ def attend(qkv, cos, sin, keys, values, slot, n, out):
         put_key(keys, h, slot, k)
         put_value(values, h, slot, qkv[(n_heads + n_kv + h) * hd : (n_heads + n_kv + h + 1) * hd])
     tiles = -(-n // TILE)
-    pieces = max(1, min(tiles // TILES_PER_TASK, 64))
-    run = -(-tiles // pieces)  # tiles per piece
+    pieces, run = split(tiles)
     top = np.empty((n_heads, pieces), np.float32)  # maximum score of each piece
     total = np.empty((n_heads, pieces), np.float32)  # sum of exp(score - top)
     part = np.zeros((n_heads, pieces, hd), np.float32)  # sum of exp(score - top) * value

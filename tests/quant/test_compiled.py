@@ -144,10 +144,18 @@ def check_attention(kv: str, n_heads: int, n_kv: int, n: int, hd: int) -> None:
 
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
 @pytest.mark.parametrize(("n_heads", "n_kv"), [(4, 2), (3, 3), (14, 2)])
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 4100])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 4100, 4620])
 def test_decode_attention_equals_numpy(kv, n_heads, n_kv, n):
-    """GQA shapes, key counts at and across tile edges, several pieces of parallel work."""
+    """GQA shapes, key counts at and across tile edges, several pieces of parallel work
+    (4620 keys: 289 tiles, where rounding once left pieces without a tile)."""
     check_attention(kv, n_heads, n_kv, n, 64)
+
+
+def test_attention_pieces_cover_the_tiles_and_none_is_empty():
+    for tiles in range(1, 5000):
+        pieces, run = attention.split(tiles)
+        assert 1 <= pieces <= 64 and run >= min(tiles, attention.TILES_PER_TASK)
+        assert (pieces - 1) * run < tiles <= pieces * run, tiles
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16"])
