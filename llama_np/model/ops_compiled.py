@@ -9,6 +9,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 
 from arch import Config
@@ -100,7 +101,7 @@ class CompiledOps(NumpyOps):
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
                              packed.kv_addresses(cache), span.slot, span.n_keys,
-                             self.dot == "int8")  # fmt: skip
+                             self.dot == "int8", numba.get_num_threads())  # fmt: skip
         return True
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:

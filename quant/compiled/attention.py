@@ -322,65 +322,70 @@ def split(tiles):
     return -(-tiles // run), run
 
 
-@kernel(parallel=True)
-def attend(qkv, cos, sin, keys, values, slot, n, out):
-    """One decode step of one layer.
-    qkv (n_heads * hd + 2 * n_kv * hd,) the token's projections, q then k then v;
-    cos, sin (hd / 2,) the token's RoPE angle; keys (tiled), values: the layer's stores.
-    The new key and value go to `slot`, then the token attends to slots 0..n-1 (a ring's
-    slots in any order: attention does not care). out (n_heads * hd,) float32.
-    Long on purpose: RoPE, the append and the split-K passes share one parallel region,
-    and each prange loop must sit in the kernel itself for numba to parallelize it."""
+@kernel(inline=True)
+def append(qkv, cos, sin, keys, values, slot, h, n_heads):
+    """KV head h of the token (in qkv, after the n_heads queries): its key rotated, both
+    stored at `slot` in the stores' format."""
     n_kv, hd = values[0].shape[0], cos.shape[0] * 2
-    n_heads = (qkv.shape[0] - 2 * n_kv * hd) // hd
-    rep = n_heads // n_kv
-    q = qkv[: n_heads * hd].copy()
+    k = qkv[(n_heads + h) * hd : (n_heads + h + 1) * hd].copy()
+    rope(k, cos, sin)
+    put_key(keys, h, slot, k)
+    put_value(values, h, slot, qkv[(n_heads + n_kv + h) * hd : (n_heads + n_kv + h + 1) * hd])
+
+
+@kernel(inline=True)
+def queries(qkv, cos, sin, h, rep, hd):
+    """The rep query heads that share KV head h, rotated and scaled by 1/sqrt(hd)."""
+    q = qkv[h * rep * hd : (h + 1) * rep * hd].copy()
     scale = np.float32(1) / np.sqrt(np.float32(hd))
-    for hq in range(n_heads):
-        rope(q[hq * hd : (hq + 1) * hd], cos, sin)
+    for r in range(rep):
+        rope(q[r * hd : (r + 1) * hd], cos, sin)
         for j in range(hd):
-            q[hq * hd + j] *= scale
-    for h in range(n_kv):
-        k = qkv[(n_heads + h) * hd : (n_heads + h + 1) * hd].copy()
-        rope(k, cos, sin)
-        put_key(keys, h, slot, k)
-        put_value(values, h, slot, qkv[(n_heads + n_kv + h) * hd : (n_heads + n_kv + h + 1) * hd])
+            q[r * hd + j] *= scale
+    return q
+
+
+@kernel
+def attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, part):
+    """One piece of a decode step's attention: KV head h = task // pieces and its run of
+    tiles number task % pieces, for the queries that share h. The piece whose tiles hold
+    `slot` (or the last, for a slot past them) first appends the new key and value. Its
+    results: top, total (n_heads, pieces): the scores' maximum and sum of exp(score - top);
+    part (n_heads, pieces, hd): the values weighed by those exp. (qkv ... n: as attend.)"""
+    n_heads, pieces, hd = part.shape
+    rep = n_heads // values[0].shape[0]
+    h, piece = task // pieces, task % pieces
     tiles = -(-n // TILE)
-    pieces, run = split(tiles)
-    top = np.empty((n_heads, pieces), np.float32)  # maximum score of each piece
-    total = np.empty((n_heads, pieces), np.float32)  # sum of exp(score - top)
-    part = np.zeros((n_heads, pieces, hd), np.float32)  # sum of exp(score - top) * value
-    for task in prange(n_kv * pieces):
-        h, piece = task // pieces, task % pieces
-        t0, t1 = piece * run, min(tiles, (piece + 1) * run)
-        k0, k1 = t0 * TILE, min(n, t1 * TILE)
-        scores = np.empty((rep, (t1 - t0) * TILE), np.float32)
-        acc = carray(stack_f32(128), 128)
-        tmp = carray(stack_f32(128), 128)
-        for t in range(t0, t1):
-            for r in range(rep):
-                qh = q[(h * rep + r) * hd : (h * rep + r + 1) * hd]
-                tile_scores(keys, h, t, qh, acc, tmp)
-                set16(scores, r * scores.shape[1] + (t - t0) * TILE, acc, 0)
+    t0, t1 = piece * run, min(tiles, (piece + 1) * run)
+    k0, k1 = t0 * TILE, min(n, t1 * TILE)
+    if t0 <= slot // TILE < t1 or (piece == pieces - 1 and slot // TILE >= t1):
+        append(qkv, cos, sin, keys, values, slot, h, n_heads)
+    q = queries(qkv, cos, sin, h, rep, hd)
+    scores = np.empty((rep, (t1 - t0) * TILE), np.float32)
+    acc = carray(stack_f32(128), 128)
+    tmp = carray(stack_f32(128), 128)
+    for t in range(t0, t1):
         for r in range(rep):
-            hq = h * rep + r
-            sc = scores[r, : k1 - k0]
-            m = sc.max()
-            s = np.float32(0)
-            for i in range(k1 - k0):
-                sc[i] = exp_neg(sc[i] - m)
-                s += sc[i]
-            top[hq, piece], total[hq, piece] = m, s
-        weigh_values(
-            values,
-            h,
-            k0,
-            k1,
-            scores,
-            part.reshape(-1),
-            (h * rep * pieces + piece) * hd,
-            pieces * hd,
-        )
+            tile_scores(keys, h, t, q[r * hd : (r + 1) * hd], acc, tmp)
+            set16(scores, r * scores.shape[1] + (t - t0) * TILE, acc, 0)
+    for r in range(rep):
+        hq = h * rep + r
+        sc = scores[r, : k1 - k0]
+        m = sc.max()
+        s = np.float32(0)
+        for i in range(k1 - k0):
+            sc[i] = exp_neg(sc[i] - m)
+            s += sc[i]
+        top[hq, piece], total[hq, piece] = m, s
+        part[hq, piece, :] = 0
+    at = (h * rep * pieces + piece) * hd
+    weigh_values(values, h, k0, k1, scores, part.reshape(-1), at, pieces * hd)
+
+
+@kernel
+def combine(top, total, part, out):
+    """The pieces of every query head merged: out (n_heads * hd,) = softmax-weighed values."""
+    n_heads, pieces, hd = part.shape
     for hq in range(n_heads):
         m = top[hq].max()
         s = np.float32(0)
@@ -394,3 +399,28 @@ def attend(qkv, cos, sin, keys, values, slot, n, out):
         inv = np.float32(1) / s
         for j in range(hd):
             o[j] *= inv
+
+
+@kernel(inline=True)
+def pieces_of(qkv, hd, n_kv, n):
+    """Scratch for the pieces of a decode attention over n keys: top, total, part (see
+    attend_task), and the run of tiles per piece."""
+    n_heads = (qkv.shape[0] - 2 * n_kv * hd) // hd
+    pieces, run = split(-(-n // TILE))
+    top = np.empty((n_heads, pieces), np.float32)
+    total = np.empty((n_heads, pieces), np.float32)
+    return top, total, np.empty((n_heads, pieces, hd), np.float32), run
+
+
+@kernel(parallel=True)
+def attend(qkv, cos, sin, keys, values, slot, n, out):
+    """One decode step of one layer.
+    qkv (n_heads * hd + 2 * n_kv * hd,) the token's projections, q then k then v;
+    cos, sin (hd / 2,) the token's RoPE angle; keys (tiled), values: the layer's stores.
+    The new key and value go to `slot`, then the token attends to slots 0..n-1 (a ring's
+    slots in any order: attention does not care). out (n_heads * hd,) float32."""
+    n_kv, hd = values[0].shape[0], cos.shape[0] * 2
+    top, total, part, run = pieces_of(qkv, hd, n_kv, n)
+    for task in prange(n_kv * part.shape[1]):
+        attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, part)
+    combine(top, total, part, out)

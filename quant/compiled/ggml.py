@@ -16,7 +16,7 @@ import numpy as np
 from numba import carray, prange
 
 from .jit import kernel
-from .matvec import CHUNK, GROUP, lane_sum, put
+from .matvec import GROUP, PER, lane_sum, put, spread
 from .ops import prologue
 from .simd.lanes import fma16vv, zero16
 from .simd.scalar import f16, field, stack_f32
@@ -135,30 +135,35 @@ def decode(fmt, b, out):
         decode_q6_k(b, out)
 
 
-@kernel(parallel=True)
-def matvec_ggml(blocks, fmt, nbytes, weights, x, norm, eps, mode, add, out):
+@kernel
+def rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out):
     """blocks (G, nblocks * 4 * nbytes) uint8: per group of 4 rows, per block, the rows'
-    GGUF blocks; x (nblocks * weights,); out (rows <= 4 G,)"""
-    x = prologue(x, norm, eps, mode)
+    GGUF blocks; x (nblocks * weights,); out (rows <= 4 G,); chunks c0:c1"""
     groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
     rows = out.shape[0]
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        vals = carray(stack_f32(1024), 1024)  # GROUP * MAX_WEIGHTS
-        acc = carray(stack_f32(64), 64)
-        for g in range(c * per, min(groups, c * per + per)):
-            for i in range(4):
-                zero16(acc, 16 * i)
-            bg = blocks[g]
-            for blk in range(nblocks):
+    vals = carray(stack_f32(1024), 1024)  # GROUP * MAX_WEIGHTS
+    acc = carray(stack_f32(64), 64)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        for i in range(4):
+            zero16(acc, 16 * i)
+        bg = blocks[g]
+        for blk in range(nblocks):
+            for i in range(GROUP):
+                o = (GROUP * blk + i) * nbytes
+                decode(fmt, bg[o : o + nbytes], vals[i * weights : (i + 1) * weights])
+            for j in range(0, weights, 16):
                 for i in range(GROUP):
-                    o = (GROUP * blk + i) * nbytes
-                    decode(fmt, bg[o : o + nbytes], vals[i * weights : (i + 1) * weights])
-                for j in range(0, weights, 16):
-                    for i in range(GROUP):
-                        fma16vv(acc, 16 * i, vals, i * weights + j, x, blk * weights + j)
-            for i in range(min(GROUP, rows - GROUP * g)):
-                put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
+                    fma16vv(acc, 16 * i, vals, i * weights + j, x, blk * weights + j)
+        for i in range(min(GROUP, rows - GROUP * g)):
+            put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
+
+
+@kernel(parallel=True)
+def matvec_ggml(blocks, fmt, nbytes, weights, x, norm, eps, mode, add, out):
+    x = prologue(x, norm, eps, mode)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_ggml(blocks, fmt, nbytes, weights, x, i * g, min(n, i * g + g), add, out)
 
 
 @kernel

@@ -29,7 +29,7 @@ from numba import carray, prange
 
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
-from .matvec import CHUNK, GROUP, lane_sum, put
+from .matvec import GROUP, PER, lane_sum, put, spread
 from .ops import prologue
 from .simd.int8 import q4_block, q5_block, q8_block
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
@@ -74,63 +74,74 @@ def row_sums(acc, extra, g, rows, add, out):
         put(out, GROUP * g + i, s + extra[i], add)
 
 
+@kernel
+def rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out):
+    """matvec.rows_q8_0's layout, on x as quantize_x rounds it; chunks c0:c1"""
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    acc = carray(stack_f32(16), 16)
+    none = carray(stack_f32(4), 4)
+    for i in range(4):
+        none[i] = 0
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        zero16(acc, 0)
+        q, s = codes[g], scales[g]
+        for b in range(nb):
+            q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b])
+        row_sums(acc, none, g, rows, add, out)
+
+
 @kernel(parallel=True)
 def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
     """matvec.matvec_q8_0's arguments and layout, with x rounded to int8."""
     x = prologue(x, norm, eps, mode)
     xq, xd, xsum = quantized(x)
-    groups, nb = scales.shape[0], scales.shape[1] // GROUP
-    rows = out.shape[0]
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc = carray(stack_f32(16), 16)
-        none = carray(stack_f32(4), 4)
-        for i in range(4):
-            none[i] = 0
-        for g in range(c * per, min(groups, c * per + per)):
-            zero16(acc, 0)
-            q, s = codes[g], scales[g]
-            for b in range(nb):
-                q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b])
-            row_sums(acc, none, g, rows, add, out)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_q8_0(codes, scales, xq, xd, xsum, i * g, min(n, i * g + g), add, out)
 
 
-@kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
-    """matvec.matvec_q4's arguments and layout (and matvec_q5's `bits` for q5_0 / q5_1, an
-    empty array for q4), with x rounded to int8: q4_1 and q5_1 pass their mins and factor
-    1; q4_0 and q5_0 their scales and factor -8 or -16 (the offset goes into the integer
-    sums, so `mins` is not read)."""
-    x = prologue(x, norm, eps, mode)
-    xq, xd, xsum = quantized(x)
+@kernel
+def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out):
+    """matvec.rows_q4's layout (and rows_q5's `bits` for q5_0 / q5_1, an empty array for
+    q4), on x as quantize_x rounds it; chunks c0:c1. q4_1 and q5_1 pass their mins and
+    factor 1; q4_0 and q5_0 their scales and factor -8 or -16 (the offset goes into the
+    integer sums, so `mins` is not read)."""
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
     has_min, five = factor > 0, bits.shape[1] > 0
     per_lane = np.int32(0) if has_min else np.int32(np.int32(-factor) // 4)  # 4 lanes a row
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc = carray(stack_f32(16), 16)
-        corr = carray(stack_f32(4), 4)
-        m = carray(stack_f32(4), 4)
-        for g in range(c * per, min(groups, c * per + per)):
-            zero16(acc, 0)
-            for i in range(4):
-                corr[i] = 0
-            q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
-            for b in range(nb):
-                if has_min:
-                    f16x4(mg, GROUP * b, m)
-                    xs = xd[b] * np.float32(xsum[b])
-                    for i in range(4):
-                        corr[i] += m[i] * xs
-                bias = per_lane * xsum[b]
-                if five:
-                    q5_block(
-                        acc, q, 64 * b, hb, GROUP * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b]
-                    )
-                else:
-                    q4_block(acc, q, 64 * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
-            row_sums(acc, corr, g, rows, add, out)
+    acc = carray(stack_f32(16), 16)
+    corr = carray(stack_f32(4), 4)
+    m = carray(stack_f32(4), 4)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        zero16(acc, 0)
+        for i in range(4):
+            corr[i] = 0
+        q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
+        for b in range(nb):
+            if has_min:
+                f16x4(mg, GROUP * b, m)
+                xs = xd[b] * np.float32(xsum[b])
+                for i in range(4):
+                    corr[i] += m[i] * xs
+            bias = per_lane * xsum[b]
+            if five:
+                q5_block(acc, q, 64 * b, hb, GROUP * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
+            else:
+                q4_block(acc, q, 64 * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
+        row_sums(acc, corr, g, rows, add, out)
+
+
+@kernel(parallel=True)
+def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
+    """matvec.matvec_q4's arguments (and matvec_q5's `bits`), with x rounded to int8."""
+    x = prologue(x, norm, eps, mode)
+    xq, xd, xsum = quantized(x)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        c0, c1 = i * g, min(n, i * g + g)
+        rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out)
 
 
 # --- K-quants: simd/kquants.py decodes a super-block of a row into integer codes, scales and
@@ -138,13 +149,10 @@ def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
 
 
 @kernel
-def quantize_x16(x, xq, xd16, xb16):
-    """quantize_x, then per 16 values: xd16 their block's scale, xb16 the scale times
-    their sum(xq)."""
-    nb = x.shape[0] // BLOCK
-    xd, xsum = np.empty(nb, np.float32), np.empty(nb, np.int32)
-    quantize_x(x, xq, xd, xsum)
-    for h in range(2 * nb):
+def per16(xq, xd, xd16, xb16):
+    """For x rounded by quantize_x (xq, xd), per 16 values: xd16 their block's scale, xb16
+    the scale times their sum(xq): the operands of the K-quant kernels."""
+    for h in range(xd16.shape[0]):
         s = np.int32(0)
         for j in range(16):
             s += xq[16 * h + j]
@@ -166,31 +174,40 @@ def k_block(fmt, acc, mins, at, b, o, xq, xo, xd16, xb16, so):
         k_block_q6(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
 
 
+@kernel
+def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, c0, c1, add, out):
+    """ggml.rows_ggml's layout for the K-quants, on x as quantize_x and per16 give it;
+    chunks c0:c1"""
+    groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
+    rows = out.shape[0]
+    acc, mins = carray(stack_f32(64), 64), carray(stack_f32(64), 64)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        for i in range(4):
+            zero16(acc, 16 * i)
+            zero16(mins, 16 * i)
+        bg = blocks[g]
+        for blk in range(nblocks):
+            for i in range(GROUP):
+                o = (GROUP * blk + i) * nbytes
+                k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk)
+        for i in range(min(GROUP, rows - GROUP * g)):
+            s = lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i)
+            put(out, GROUP * g + i, s, add)
+
+
+@kernel(inline=True)
+def quantized16(x):
+    xq, xd, _ = quantized(x)
+    xd16, xb16 = np.empty(x.shape[0] // 16, np.float32), np.empty(x.shape[0] // 16, np.float32)
+    per16(xq, xd, xd16, xb16)
+    return xq, xd16, xb16
+
+
 @kernel(parallel=True)
 def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out):
     """ggml.matvec_ggml's arguments and layout for the K-quants, with x rounded to int8."""
     x = prologue(x, norm, eps, mode)
-    n = x.shape[0]
-    xq, xd16, xb16 = (
-        np.empty(n, np.int8),
-        np.empty(n // 16, np.float32),
-        np.empty(n // 16, np.float32),
-    )
-    quantize_x16(x, xq, xd16, xb16)
-    groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
-    rows = out.shape[0]
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc, mins = carray(stack_f32(64), 64), carray(stack_f32(64), 64)
-        for g in range(c * per, min(groups, c * per + per)):
-            for i in range(4):
-                zero16(acc, 16 * i)
-                zero16(mins, 16 * i)
-            bg = blocks[g]
-            for blk in range(nblocks):
-                for i in range(GROUP):
-                    o = (GROUP * blk + i) * nbytes
-                    k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk)
-            for i in range(min(GROUP, rows - GROUP * g)):
-                s = lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i)
-                put(out, GROUP * g + i, s, add)
+    xq, xd16, xb16 = quantized16(x)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_k(blocks, fmt, nbytes, xq, xd16, xb16, i * g, min(n, i * g + g), add, out)

@@ -1,12 +1,14 @@
-"""A decode step's decoder blocks in one compiled call.
+"""A decode step's decoder blocks in one compiled call and one parallel region.
 
 Called block by block, a token of SmolLM2-135M makes ~150 kernel calls, and each costs
 ~13 us outside the kernel (scripts/call_overhead.py): numba's dispatch unboxing a dozen
-arguments, and the Python around it (the seam, the meter, the operations). On a 4-bit
-model that is 10-18% of a token. Here the whole stack of blocks is one call: `decode_blocks`
-runs, in llama_np.model.transformer's order, every layer's products, attention, norms and
-residual additions by calling the very kernels the block-by-block path calls, so the
-logits are the same bit for bit; what remains per product is the parallel region's launch.
+arguments, the Python around it (the seam, the meter, the operations), and the start and
+end of its parallel loop (~6 us at 2 threads). On a 4-bit model that was 10-18% of a
+token. Here the whole stack of blocks is one call, `decode_blocks`, which starts one
+parallel loop: each thread walks every layer's phases (team.py), taking chunks of each
+product's rows and attention tasks from the phase's counter, and runs them with the very
+functions the block-by-block kernels run (`rows_` in matvec.py, intdot.py, ggml.py;
+attention.attend_task), so the logits are the same bit for bit.
 
 The weights reach the kernel as a table of addresses, one row per matrix (`Table`): a call
 then unboxes two small arrays instead of ~120 matrices' arrays (a numba typed List of them
@@ -21,12 +23,14 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, types
+from numba import carray, prange, types
 from numba.core.extending import intrinsic, overload
 
 from . import attention, ggml, intdot, matvec
 from .jit import kernel
-from .ops import NO_NORM, NORM, PLAIN, SWIGLU, ZERO, prologue
+from .matvec import CHUNK
+from .ops import NO_NORM, NORM, PLAIN, SWIGLU, rmsnorm, swiglu
+from .team import LINE, finish, grain_of, take
 
 # what a row of the table multiplies, and so which kernel runs it
 F32, F16, BF16, Q8_0, Q4, Q5, KQUANT = range(7)
@@ -100,57 +104,150 @@ def operand(rows, p, j, dtype):
 
 
 @kernel
-def run(rows, factors, p, x, norm, eps, mode, add, out, int8):
-    """out (=, or += when add) W_p @ prologue(x) by W_p's own kernel, the same call
-    quant.compiled.weights makes for it; x multiplied as int8 when `int8` and W_p is
-    quantized."""
+def scratch(n):
+    """A thread's buffers for the vector a product multiplies (at most n values), as each
+    kind of table row reads it: h (the prologue's output), then xa, xb, xs, x16 (float
+    q4 / q5: matvec.nibble_operands, five_operands), xq, xd, xsum (int8: quantize_x) and
+    xd16, xb16 (K-quants with int8: per16)."""
+    f32 = np.float32
+    return (np.empty(n, f32), np.empty(n // 2, f32), np.empty(n // 2, f32),
+            np.empty(n // 32, f32), np.empty(n, f32), np.empty(n, np.int8),
+            np.empty(n // 32, f32), np.empty(n // 32, np.int32), np.empty(n // 16, f32),
+            np.empty(n // 16, f32))  # fmt: skip
+
+
+@kernel(inline=True)
+def head(x, norm, eps, mode, h):
+    """ops.prologue into the buffer h: what a product multiplies (x itself when PLAIN)."""
+    if mode == NORM:
+        rmsnorm(x, norm, eps, h[: x.shape[0]])
+        return h[: x.shape[0]]
+    if mode == SWIGLU:
+        swiglu(x, h[: x.shape[0] // 2])
+        return h[: x.shape[0] // 2]
+    return x
+
+
+@kernel(inline=True)
+def prepare(rows, p0, p1, v, buf, int8):
+    """Fill the buffers that the kinds of table rows p0:p1 read v (n,) through."""
+    n = v.shape[0]
+    _, xa, xb, xs, x16, xq, xd, xsum, xd16, xb16 = buf
+    nibbles = five = quantize = k = False
+    for p in range(p0, p1):
+        kind = rows[p, KIND]
+        if int8 and kind >= Q8_0:
+            quantize = True
+            k |= kind == KQUANT
+        else:
+            nibbles |= kind == Q4 or kind == Q5
+            five |= kind == Q5
+    if nibbles:
+        matvec.nibble_operands(v, xa[: n // 2], xb[: n // 2], xs[: n // 32])
+    if five:
+        matvec.five_operands(v, x16[:n])
+    if quantize:
+        intdot.quantize_x(v, xq[:n], xd[: n // 32], xsum[: n // 32])
+    if k:
+        intdot.per16(xq[:n], xd[: n // 32], xd16[: n // 16], xb16[: n // 16])
+
+
+@kernel(inline=True)
+def run_rows(rows, factors, p, v, buf, c0, c1, add, out, int8):
+    """Chunks c0:c1 of out (=, or += when add) W_p @ v by W_p's own rows_ function, on v
+    as `prepare` left it in buf; x multiplied as int8 when `int8` and W_p is quantized."""
+    _, xa, xb, xs, x16, xq, xd, xsum, xd16, xb16 = buf
     kind = rows[p, KIND]
     if kind == F32:
-        matvec.matvec_f32(operand(rows, p, 0, np.float32), x, norm, eps, mode, add, out)
+        matvec.rows_f32(operand(rows, p, 0, np.float32), v, c0, c1, add, out)
     elif kind == F16 or kind == BF16:
         bits = operand(rows, p, 0, np.uint16)
         if kind == F16:
-            matvec.matvec_f16(bits, x, norm, eps, mode, add, out)
+            matvec.rows_f16(bits, v, c0, c1, add, out)
         else:
-            matvec.matvec_bf16(bits, x, norm, eps, mode, add, out)
+            matvec.rows_bf16(bits, v, c0, c1, add, out)
     elif kind == KQUANT:
-        blocks, code, n = operand(rows, p, 0, np.uint8), rows[p, CODE], rows[p, NBYTES]
+        blocks, code, nb = operand(rows, p, 0, np.uint8), rows[p, CODE], rows[p, NBYTES]
         if int8:
-            intdot.matvec_k(blocks, code, n, x, norm, eps, mode, add, out)
+            intdot.rows_k(blocks, code, nb, xq, xd16, xb16, c0, c1, add, out)
         else:
-            ggml.matvec_ggml(blocks, code, n, rows[p, WEIGHTS], x, norm, eps, mode, add, out)
+            ggml.rows_ggml(blocks, code, nb, rows[p, WEIGHTS], v, c0, c1, add, out)
     else:
         codes, scales = operand(rows, p, 0, np.uint8), operand(rows, p, 1, np.uint16)
         if kind == Q8_0:
             if int8:
-                intdot.matvec_q8_0(codes, scales, x, norm, eps, mode, add, out)
+                intdot.rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out)
             else:
-                matvec.matvec_q8_0(codes, scales, x, norm, eps, mode, add, out)
+                matvec.rows_q8_0(codes, scales, v, c0, c1, add, out)
             return
         mins, factor = operand(rows, p, 2, np.uint16), factors[p]
         bits = operand(rows, p, 3, np.uint32)
         if int8:
-            intdot.matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out)
+            intdot.rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out)
         elif kind == Q4:
-            matvec.matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out)
+            matvec.rows_q4(codes, scales, mins, factor, xa, xb, xs, c0, c1, add, out)
         else:
-            matvec.matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out)
+            matvec.rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add,
+                           out)  # fmt: skip
+
+
+@kernel(inline=True)
+def chunks(rows, p0, p1):
+    """Chunks of rows (matvec.CHUNK each) of the matrix that table rows p0:p1 stack, each
+    part's own counted apart."""
+    n = 0
+    for p in range(p0, p1):
+        n += -(-rows[p, ROWS] // CHUNK)
+    return n
+
+
+@kernel(inline=True)
+def stack_rows(rows, factors, p0, p1, v, buf, c0, c1, add, out, bias, int8):
+    """Chunks c0:c1 of the product of the stack p0:p1 (`chunks` numbers them part after
+    part), then `bias` (empty: none) added to the rows they wrote."""
+    first, r0 = 0, 0
+    for p in range(p0, p1):
+        n = rows[p, ROWS]
+        a, b = max(c0 - first, 0), min(c1 - first, -(-n // CHUNK))
+        if a < b:
+            run_rows(rows, factors, p, v, buf, a, b, add, out[r0 : r0 + n], int8)
+            for r in range(r0 + a * CHUNK, r0 + min(n, b * CHUNK)) if bias.shape[0] else range(0):
+                out[r] += bias[r]
+        first, r0 = first + -(-n // CHUNK), r0 + n
 
 
 @kernel
-def product(rows, factors, p0, p1, x, norm, eps, mode, add, out, int8):
-    """out (=, or += when add) W @ prologue(x) for W the rows p0:p1 of the table stacked:
-    one kernel for one matrix; for a stack of several formats, the prologue once, then one
-    kernel per part (llama_np.model.ops_compiled.product, compiled)."""
-    if p1 - p0 == 1:
-        run(rows, factors, p0, x, norm, eps, mode, add, out, int8)
-        return
-    h = prologue(x, norm, eps, mode)
-    r0 = 0
-    for p in range(p0, p1):
-        r1 = r0 + rows[p, ROWS]
-        run(rows, factors, p, h, NO_NORM, ZERO, PLAIN, add, out[r0:r1], int8)
-        r0 = r1
+def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias, buf,
+            int8):  # fmt: skip
+    """Phase k: out (=, or += when add) W @ prologue(x) (+ bias) for W the stack p0:p1,
+    by chunks taken from the phase's counter; every thread that takes one runs the
+    prologue into its own buffers first (the same arithmetic on each, so the same bits)."""
+    n = chunks(rows, p0, p1)
+    grain = grain_of(n, threads)
+    c = take(sync, k, grain, n)
+    finished = 0
+    if c < n:
+        v = head(x, norm, eps, mode, buf[0])
+        prepare(rows, p0, p1, v, buf, int8)
+        while c < n:
+            c1 = min(n, c + grain)
+            stack_rows(rows, factors, p0, p1, v, buf, c, c1, add, out, bias, int8)
+            finished += c1 - c
+            c = take(sync, k, grain, n)
+    finish(sync, k, finished, n)
+
+
+@kernel
+def attend(sync, k, qkv, cos, sin, keys, values, slot, n, run, top, total, part):
+    """Phase k: the attention tasks (attention.attend_task), one at a time."""
+    tasks = values[0].shape[0] * part.shape[1]
+    finished = 0
+    t = take(sync, k, 1, tasks)
+    while t < tasks:
+        attention.attend_task(qkv, cos, sin, keys, values, slot, n, t, run, top, total, part)
+        finished += 1
+        t = take(sync, k, 1, tasks)
+    finish(sync, k, finished, tasks)
 
 
 def at_addresses(store, at):
@@ -177,33 +274,52 @@ def out_rows(rows, p0, p1):
     return n
 
 
+PHASES = 5  # per layer: qkv, attention, o, gate_up, down
+
+
 @kernel
+def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
+           kv_at, slot, n_keys, int8, qkv, gate_up, top, total, part, run):  # fmt: skip
+    """One thread's walk through every phase of every layer (decode_blocks)."""
+    n = max(x.shape[0], gate_up.shape[0] // 2, part.shape[0] * part.shape[2])
+    buf, att = scratch(n), np.empty(part.shape[0] * part.shape[2], np.float32)
+    nk, none = len(keys), biases[0, :0]
+    for i in range(plan.shape[0]):
+        p, k = plan[i], PHASES * i
+        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM,
+                False, qkv, biases[i], buf, int8)  # fmt: skip
+        kk = at_addresses(keys, kv_at[i, :nk])
+        vv = at_addresses(values, kv_at[i, nk:])
+        attend(sync, k + 1, qkv, cos, sin, kk, vv, slot, n_keys, run, top, total, part)
+        attention.combine(top, total, part, att)
+        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, NO_NORM, eps, PLAIN,
+                True, x, none, buf, int8)  # fmt: skip
+        product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
+                False, gate_up, none, buf, int8)  # fmt: skip
+        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, NO_NORM, eps,
+                SWIGLU, True, x, none, buf, int8)  # fmt: skip
+
+
+@kernel(parallel=True)
 def decode_blocks(x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values, kv_at,
-                  slot, n_keys, int8):  # fmt: skip
+                  slot, n_keys, int8, threads):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
     plan (L, 4, 2): per layer, the table rows of its products qkv, o, gate_up and down;
     norms (L, 2, dim): the attention and MLP norms; biases (L, qkv rows) or (L, 0);
     cos, sin (hd / 2,): the token's RoPE angle; keys, values: layer 0's KV stores, and
     kv_at (L, arrays of both): every layer's at its addresses; slot, n_keys: the span.
     Each layer as llama_np.model.transformer.Transformer._blocks runs it; every layer has
-    layer 0's shapes (the buffers are sized by it)."""
+    layer 0's shapes (the buffers are sized by it). One parallel loop, one iteration
+    per thread (team.py): the phases share work through `sync`'s counters. `threads`:
+    numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache)."""
     n_kv, hd = values[0].shape[0], cos.shape[0] * 2
     qkv = np.empty(out_rows(rows, plan[0, 0, 0], plan[0, 0, 1]), np.float32)
-    att = np.empty(qkv.shape[0] - 2 * n_kv * hd, np.float32)
     gate_up = np.empty(out_rows(rows, plan[0, 2, 0], plan[0, 2, 1]), np.float32)
-    nk = len(keys)
-    for i in range(plan.shape[0]):
-        p = plan[i]
-        product(rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM, False, qkv, int8)
-        for j in range(biases.shape[1]):
-            qkv[j] += biases[i, j]
-        k = at_addresses(keys, kv_at[i, :nk])
-        v = at_addresses(values, kv_at[i, nk:])
-        attention.attend(qkv, cos, sin, k, v, slot, n_keys, att)
-        product(rows, factors, p[1, 0], p[1, 1], att, NO_NORM, eps, PLAIN, True, x, int8)
-        product(rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM, False, gate_up,
-                int8)  # fmt: skip
-        product(rows, factors, p[3, 0], p[3, 1], gate_up, NO_NORM, eps, SWIGLU, True, x, int8)
+    top, total, part, run = attention.pieces_of(qkv, hd, n_kv, n_keys)
+    sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
+    for _ in prange(threads):
+        member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
+               kv_at, slot, n_keys, int8, qkv, gate_up, top, total, part, run)  # fmt: skip
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
@@ -218,4 +334,4 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     cos = np.ones(hd // 2, np.float32)
     decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
                   np.ones((1, 2, dim), np.float32), np.zeros((1, 0), np.float32),
-                  np.float32(1e-5), cos, cos * 0, keys, values, kv_at, 0, 1, False)  # fmt: skip
+                  np.float32(1e-5), cos, cos * 0, keys, values, kv_at, 0, 1, False, 1)  # fmt: skip

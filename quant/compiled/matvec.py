@@ -17,6 +17,11 @@ in one instruction (`f16x4`).
 Every kernel takes `norm, eps, mode` (what to apply to x first: ops.prologue) and `add`
 (whether to add y into `out` instead of storing it), so that a decode step fuses RMSNorm,
 SwiGLU and the residual additions into its matrix products.
+
+Each kernel is two functions: `rows_<format>`, the loop over a range of chunks (CHUNK rows
+each) on x as prepared for the format, and `matvec_<format>`, which prepares x once and
+runs the chunks in a parallel loop. A decode step in one parallel region (layers.py) runs
+the same `rows_` functions on the chunks its threads take, so both give the same bits.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from .simd.scalar import bf16, bit, f16, f16x4, i8, lo4, stack_f32, u8
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
 CHUNK = 16  # rows per unit of parallel work
+PER = CHUNK // GROUP  # groups per chunk
+PIECES = 32  # at most, in a parallel loop over rows: split among its threads evenly
 
 
 @kernel(inline=True)
@@ -42,6 +49,16 @@ def lane_sum(acc, at):
 
 
 @kernel(inline=True)
+def spread(rows):
+    """How a parallel loop splits `rows` rows: (pieces, chunks per piece, chunks); at most
+    PIECES pieces, each one call of a rows_ function. (numba.get_num_threads() inside a
+    kernel would keep it out of the disk cache: it reads a pointer at run time.)"""
+    n = -(-rows // CHUNK)
+    g = -(-n // PIECES)
+    return -(-n // g), g, n
+
+
+@kernel(inline=True)
 def put(out, r, s, add):
     """The epilogue: out[r] = s, or out[r] += s."""
     if add:
@@ -50,72 +67,95 @@ def put(out, r, s, add):
         out[r] = s
 
 
+@kernel
+def rows_f32(w, x, c0, c1, add, out):
+    """w (rows, cols) float32; x (cols,); out (rows,); chunks c0:c1"""
+    rows, cols = w.shape
+    for r in range(c0 * CHUNK, min(rows, c1 * CHUNK)):
+        s = np.float32(0)
+        for j in range(cols):
+            s += w[r, j] * x[j]
+        put(out, r, s, add)
+
+
 @kernel(parallel=True)
 def matvec_f32(w, x, norm, eps, mode, add, out):
-    """w (rows, cols) float32; x (cols,); out (rows,)"""
     x = prologue(x, norm, eps, mode)
-    rows, cols = w.shape
-    for c in prange((rows + CHUNK - 1) // CHUNK):
-        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
-            s = np.float32(0)
-            for j in range(cols):
-                s += w[r, j] * x[j]
-            put(out, r, s, add)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_f32(w, x, i * g, min(n, i * g + g), add, out)
+
+
+@kernel
+def rows_f16(bits, x, c0, c1, add, out):
+    """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,); chunks c0:c1"""
+    rows, cols = bits.shape
+    for r in range(c0 * CHUNK, min(rows, c1 * CHUNK)):
+        s = np.float32(0)
+        for j in range(cols):
+            s += f16(bits[r, j]) * x[j]
+        put(out, r, s, add)
 
 
 @kernel(parallel=True)
 def matvec_f16(bits, x, norm, eps, mode, add, out):
-    """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,)"""
     x = prologue(x, norm, eps, mode)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_f16(bits, x, i * g, min(n, i * g + g), add, out)
+
+
+@kernel
+def rows_bf16(bits, x, c0, c1, add, out):
+    """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,); chunks c0:c1"""
     rows, cols = bits.shape
-    for c in prange((rows + CHUNK - 1) // CHUNK):
-        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
-            s = np.float32(0)
-            for j in range(cols):
-                s += f16(bits[r, j]) * x[j]
-            put(out, r, s, add)
+    for r in range(c0 * CHUNK, min(rows, c1 * CHUNK)):
+        s = np.float32(0)
+        for j in range(cols):
+            s += bf16(bits[r, j]) * x[j]
+        put(out, r, s, add)
 
 
 @kernel(parallel=True)
 def matvec_bf16(bits, x, norm, eps, mode, add, out):
-    """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,)"""
     x = prologue(x, norm, eps, mode)
-    rows, cols = bits.shape
-    for c in prange((rows + CHUNK - 1) // CHUNK):
-        for r in range(c * CHUNK, min(rows, c * CHUNK + CHUNK)):
-            s = np.float32(0)
-            for j in range(cols):
-                s += bf16(bits[r, j]) * x[j]
-            put(out, r, s, add)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_bf16(bits, x, i * g, min(n, i * g + g), add, out)
+
+
+@kernel
+def rows_q8_0(codes, scales, x, c0, c1, add, out):
+    """codes (G, nb * 4 * 32) int8 as uint8, per block the 4 rows' 32 codes;
+    scales (G, nb * 4) float16 bits; x (nb * 32,); out (rows <= 4 G,); chunks c0:c1
+    y = sum_b d_b * (q_b . x_b)"""
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    acc = carray(stack_f32(64), 64)  # 16 lanes for each of the 4 rows
+    d = carray(stack_f32(4), 4)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        for j in range(64):
+            acc[j] = 0
+        q, s = codes[g], scales[g]
+        for b in range(nb):
+            f16x4(s, 4 * b, d)
+            o = 128 * b
+            for j in range(16):
+                lo, hi = x[32 * b + j], x[32 * b + 16 + j]
+                acc[j] += d[0] * (i8(q[o + j]) * lo + i8(q[o + 16 + j]) * hi)
+                acc[16 + j] += d[1] * (i8(q[o + 32 + j]) * lo + i8(q[o + 48 + j]) * hi)
+                acc[32 + j] += d[2] * (i8(q[o + 64 + j]) * lo + i8(q[o + 80 + j]) * hi)
+                acc[48 + j] += d[3] * (i8(q[o + 96 + j]) * lo + i8(q[o + 112 + j]) * hi)
+        for i in range(min(GROUP, rows - GROUP * g)):
+            put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
 
 
 @kernel(parallel=True)
 def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
-    """codes (G, nb * 4 * 32) int8 as uint8, per block the 4 rows' 32 codes;
-    scales (G, nb * 4) float16 bits; x (nb * 32,); out (rows <= 4 G,)
-    y = sum_b d_b * (q_b . x_b)"""
     x = prologue(x, norm, eps, mode)
-    groups, nb = scales.shape[0], scales.shape[1] // GROUP
-    rows = out.shape[0]
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc = carray(stack_f32(64), 64)  # 16 lanes for each of the 4 rows
-        d = carray(stack_f32(4), 4)
-        for g in range(c * per, min(groups, c * per + per)):
-            for j in range(64):
-                acc[j] = 0
-            q, s = codes[g], scales[g]
-            for b in range(nb):
-                f16x4(s, 4 * b, d)
-                o = 128 * b
-                for j in range(16):
-                    lo, hi = x[32 * b + j], x[32 * b + 16 + j]
-                    acc[j] += d[0] * (i8(q[o + j]) * lo + i8(q[o + 16 + j]) * hi)
-                    acc[16 + j] += d[1] * (i8(q[o + 32 + j]) * lo + i8(q[o + 48 + j]) * hi)
-                    acc[32 + j] += d[2] * (i8(q[o + 64 + j]) * lo + i8(q[o + 80 + j]) * hi)
-                    acc[48 + j] += d[3] * (i8(q[o + 96 + j]) * lo + i8(q[o + 112 + j]) * hi)
-            for i in range(min(GROUP, rows - GROUP * g)):
-                put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_q8_0(codes, scales, x, i * g, min(n, i * g + g), add, out)
 
 
 @kernel
@@ -134,114 +174,131 @@ def nibble_operands(x, xa, xb, xs):
         xs[b] = s
 
 
-@kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
+@kernel(inline=True)
+def five_operands(x, x16):
+    """x16 = 16 x: what a q5 code's fifth bit multiplies."""
+    for j in range(x.shape[0]):
+        x16[j] = np.float32(16) * x[j]
+
+
+@kernel(inline=True)
+def nibbles(x):
+    """nibble_operands into new arrays: (xa, xb, xs)."""
+    nb = x.shape[0] // 32
+    xa, xb = np.empty(16 * nb, np.float32), np.empty(16 * nb, np.float32)
+    xs = np.empty(nb, np.float32)
+    nibble_operands(x, xa, xb, xs)
+    return xa, xb, xs
+
+
+@kernel
+def rows_q4(codes, scales, mins, factor, xa, xb, xs, c0, c1, add, out):
     """codes (G, nb * 4 * 16) uint8, per block the 4 rows' 16 bytes (element j in the low
     nibble of byte j, element j + 16 in the high one); scales, mins (G, nb * 4) float16 bits;
-    x (nb * 32,); out (rows <= 4 G,)
+    x as nibble_operands gives it; out (rows <= 4 G,); chunks c0:c1
     y = sum_b d_b (q_b . x_b) + factor * m_b * sum(x_b):
     q4_1 passes its mins and factor 1; q4_0 (x = d (q - 8)) its scales and factor -8."""
-    x = prologue(x, norm, eps, mode)
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
-    xa, xb, xs = (
-        np.empty(16 * nb, np.float32),
-        np.empty(16 * nb, np.float32),
-        np.empty(nb, np.float32),
-    )
-    nibble_operands(x, xa, xb, xs)
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc = carray(stack_f32(64), 64)
-        corr = carray(stack_f32(4), 4)
-        d = carray(stack_f32(4), 4)
-        m = carray(stack_f32(4), 4)
-        for g in range(c * per, min(groups, c * per + per)):
-            for j in range(64):
-                acc[j] = 0
+    acc = carray(stack_f32(64), 64)
+    corr = carray(stack_f32(4), 4)
+    d = carray(stack_f32(4), 4)
+    m = carray(stack_f32(4), 4)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        for j in range(64):
+            acc[j] = 0
+        for i in range(4):
+            corr[i] = 0
+        q, s, mg = codes[g], scales[g], mins[g]
+        for b in range(nb):
+            f16x4(s, 4 * b, d)
+            f16x4(mg, 4 * b, m)
             for i in range(4):
-                corr[i] = 0
-            q, s, mg = codes[g], scales[g], mins[g]
-            for b in range(nb):
-                f16x4(s, 4 * b, d)
-                f16x4(mg, 4 * b, m)
-                for i in range(4):
-                    corr[i] += m[i] * xs[b]
-                o = 64 * b
-                for j in range(16):
-                    a, h = xa[16 * b + j], xb[16 * b + j]
-                    acc[j] += d[0] * (lo4(q[o + j]) * a + u8(q[o + j]) * h)
-                    acc[16 + j] += d[1] * (lo4(q[o + 16 + j]) * a + u8(q[o + 16 + j]) * h)
-                    acc[32 + j] += d[2] * (lo4(q[o + 32 + j]) * a + u8(q[o + 32 + j]) * h)
-                    acc[48 + j] += d[3] * (lo4(q[o + 48 + j]) * a + u8(q[o + 48 + j]) * h)
-            for i in range(min(GROUP, rows - GROUP * g)):
-                put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
+                corr[i] += m[i] * xs[b]
+            o = 64 * b
+            for j in range(16):
+                a, h = xa[16 * b + j], xb[16 * b + j]
+                acc[j] += d[0] * (lo4(q[o + j]) * a + u8(q[o + j]) * h)
+                acc[16 + j] += d[1] * (lo4(q[o + 16 + j]) * a + u8(q[o + 16 + j]) * h)
+                acc[32 + j] += d[2] * (lo4(q[o + 32 + j]) * a + u8(q[o + 32 + j]) * h)
+                acc[48 + j] += d[3] * (lo4(q[o + 48 + j]) * a + u8(q[o + 48 + j]) * h)
+        for i in range(min(GROUP, rows - GROUP * g)):
+            put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
+
+
+@kernel(parallel=True)
+def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
+    x = prologue(x, norm, eps, mode)
+    xa, xb, xs = nibbles(x)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows_q4(codes, scales, mins, factor, xa, xb, xs, i * g, min(n, i * g + g), add, out)
+
+
+@kernel
+def rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out):
+    """q5_0 / q5_1: rows_q4's layout and loop, plus `bits` (G, nb * 4) uint32, the fifth
+    bit of each of a block's 32 codes (bit j: element j), added as 16 x in float:
+    q . x = nibbles . x + 16 (bits . x). q5_1 passes its mins and factor 1; q5_0
+    (x = d (q - 16)) its scales and factor -16. Long on purpose: the row loop must stay
+    in one function for LLVM to keep the 8 accumulator chains in registers (rows_q4 has
+    the same shape)."""
+    groups, nb = scales.shape[0], scales.shape[1] // GROUP
+    rows = out.shape[0]
+    acc = carray(stack_f32(64), 64)
+    corr = carray(stack_f32(4), 4)
+    d = carray(stack_f32(4), 4)
+    m = carray(stack_f32(4), 4)
+    for g in range(c0 * PER, min(groups, c1 * PER)):
+        for j in range(64):
+            acc[j] = 0
+        for i in range(4):
+            corr[i] = 0
+        q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
+        for b in range(nb):
+            f16x4(s, 4 * b, d)
+            f16x4(mg, 4 * b, m)
+            for i in range(4):
+                corr[i] += m[i] * xs[b]
+            o, w = 64 * b, 4 * b
+            for j in range(16):
+                a, h = xa[16 * b + j], xb[16 * b + j]
+                lo, hi = x16[32 * b + j], x16[32 * b + 16 + j]
+                acc[j] += d[0] * (
+                    lo4(q[o + j]) * a
+                    + u8(q[o + j]) * h
+                    + bit(hb[w], j) * lo
+                    + bit(hb[w], j + 16) * hi
+                )
+                acc[16 + j] += d[1] * (
+                    lo4(q[o + 16 + j]) * a
+                    + u8(q[o + 16 + j]) * h
+                    + bit(hb[w + 1], j) * lo
+                    + bit(hb[w + 1], j + 16) * hi
+                )
+                acc[32 + j] += d[2] * (
+                    lo4(q[o + 32 + j]) * a
+                    + u8(q[o + 32 + j]) * h
+                    + bit(hb[w + 2], j) * lo
+                    + bit(hb[w + 2], j + 16) * hi
+                )
+                acc[48 + j] += d[3] * (
+                    lo4(q[o + 48 + j]) * a
+                    + u8(q[o + 48 + j]) * h
+                    + bit(hb[w + 3], j) * lo
+                    + bit(hb[w + 3], j + 16) * hi
+                )
+        for i in range(min(GROUP, rows - GROUP * g)):
+            put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
 
 
 @kernel(parallel=True)
 def matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
-    """q5_0 / q5_1: matvec_q4's layout and loop, plus `bits` (G, nb * 4) uint32, the fifth
-    bit of each of a block's 32 codes (bit j: element j), added as 16 x in float:
-    q . x = nibbles . x + 16 (bits . x). q5_1 passes its mins and factor 1; q5_0
-    (x = d (q - 16)) its scales and factor -16. Long on purpose: the split of x into
-    nibble halves and the row loop must stay in one function for LLVM to keep the 8
-    accumulator chains in registers (matvec_q4 has the same shape)."""
     x = prologue(x, norm, eps, mode)
-    groups, nb = scales.shape[0], scales.shape[1] // GROUP
-    rows = out.shape[0]
-    xa, xb, xs = (
-        np.empty(16 * nb, np.float32),
-        np.empty(16 * nb, np.float32),
-        np.empty(nb, np.float32),
-    )
-    nibble_operands(x, xa, xb, xs)
+    xa, xb, xs = nibbles(x)
     x16 = np.empty_like(x)
-    for j in range(x.shape[0]):
-        x16[j] = np.float32(16) * x[j]
-    per = CHUNK // GROUP
-    for c in prange((groups + per - 1) // per):
-        acc = carray(stack_f32(64), 64)
-        corr = carray(stack_f32(4), 4)
-        d = carray(stack_f32(4), 4)
-        m = carray(stack_f32(4), 4)
-        for g in range(c * per, min(groups, c * per + per)):
-            for j in range(64):
-                acc[j] = 0
-            for i in range(4):
-                corr[i] = 0
-            q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
-            for b in range(nb):
-                f16x4(s, 4 * b, d)
-                f16x4(mg, 4 * b, m)
-                for i in range(4):
-                    corr[i] += m[i] * xs[b]
-                o, w = 64 * b, 4 * b
-                for j in range(16):
-                    a, h = xa[16 * b + j], xb[16 * b + j]
-                    lo, hi = x16[32 * b + j], x16[32 * b + 16 + j]
-                    acc[j] += d[0] * (
-                        lo4(q[o + j]) * a
-                        + u8(q[o + j]) * h
-                        + bit(hb[w], j) * lo
-                        + bit(hb[w], j + 16) * hi
-                    )
-                    acc[16 + j] += d[1] * (
-                        lo4(q[o + 16 + j]) * a
-                        + u8(q[o + 16 + j]) * h
-                        + bit(hb[w + 1], j) * lo
-                        + bit(hb[w + 1], j + 16) * hi
-                    )
-                    acc[32 + j] += d[2] * (
-                        lo4(q[o + 32 + j]) * a
-                        + u8(q[o + 32 + j]) * h
-                        + bit(hb[w + 2], j) * lo
-                        + bit(hb[w + 2], j + 16) * hi
-                    )
-                    acc[48 + j] += d[3] * (
-                        lo4(q[o + 48 + j]) * a
-                        + u8(q[o + 48 + j]) * h
-                        + bit(hb[w + 3], j) * lo
-                        + bit(hb[w + 3], j + 16) * hi
-                    )
-            for i in range(min(GROUP, rows - GROUP * g)):
-                put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
+    five_operands(x, x16)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        c0, c1 = i * g, min(n, i * g + g)
+        rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out)
