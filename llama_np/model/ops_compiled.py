@@ -79,6 +79,7 @@ class CompiledOps(NumpyOps):
     def __init__(self, dot: str) -> None:
         self.dot = dot  # x in quantized decode products: "f32" or "int8" (the backend's)
         self.one_call = True  # decode's blocks in one call; False: call by call (to compare)
+        self.team: int | None = None  # iterations of its parallel loop (None: the threads)
         self._blocks: tuple[Sequence, Blocks | None] | None = None
 
     def packed(self, blocks: Sequence) -> Blocks | None:
@@ -101,7 +102,7 @@ class CompiledOps(NumpyOps):
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
                              packed.kv_addresses(cache), span.slot, span.n_keys,
-                             self.dot == "int8", numba.get_num_threads())  # fmt: skip
+                             self.dot == "int8", self.team or numba.get_num_threads())  # fmt: skip
         return True
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:

@@ -90,6 +90,17 @@ def test_blocks_in_one_call_equal_call_by_call(case: str, kv: str, kernels: str)
     assert reads == reads_each and writes == writes_each
 
 
+@pytest.mark.parametrize("team", [1, 3, 5])
+def test_a_team_of_any_size_gives_the_same_logits(team: int) -> None:
+    """The one call's parallel loop with more iterations than threads (some run one after
+    another on the same thread: quant.compiled.team must neither wait forever for them nor
+    count their work twice), or with one: the logits stay those of the calls one by one."""
+    model = model_for("q4_1 + q8_0 v, window", "numba-int8")
+    each = decode(model, "f32", False)[0]
+    model.ops.team = team
+    assert np.array_equal(decode(model, "f32", True)[0], each)
+
+
 def test_one_call_is_what_decode_runs(monkeypatch) -> None:
     """Decode goes through the one call (not the blocks one by one), and a prompt does not."""
     model = model_for("q4_0 gqa", "numba-f32")
