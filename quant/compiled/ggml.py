@@ -19,7 +19,7 @@ from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put, spread
 from .ops import prologue
 from .simd.lanes import fma16vv, zero16
-from .simd.scalar import f16, field, stack_f32
+from .simd.scalar import f16, field, flat, stack_f32
 
 # format codes for `decode`
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)
@@ -146,11 +146,10 @@ def rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out):
     for g in range(c0 * PER, min(groups, c1 * PER)):
         for i in range(4):
             zero16(acc, 16 * i)
-        bg = blocks[g]
         for blk in range(nblocks):
             for i in range(GROUP):
-                o = (GROUP * blk + i) * nbytes
-                decode(fmt, bg[o : o + nbytes], vals[i * weights : (i + 1) * weights])
+                o = (GROUP * (nblocks * g + blk) + i) * nbytes
+                decode(fmt, flat(blocks, o, nbytes), flat(vals, i * weights, weights))
             for j in range(0, weights, 16):
                 for i in range(GROUP):
                     fma16vv(acc, 16 * i, vals, i * weights + j, x, blk * weights + j)

@@ -31,10 +31,10 @@ from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put, spread
 from .ops import prologue
-from .simd.int8 import q4_block, q5_block, q8_block
+from .simd.int8 import q4_dot, q5_dot, q8_block
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
-from .simd.lanes import zero16
-from .simd.scalar import f16x4, stack_f32
+from .simd.lanes import fma16_f16v, mul16_f16v, zero16
+from .simd.scalar import f16, row, stack_f32
 
 BLOCK = 32
 
@@ -85,7 +85,7 @@ def rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out):
         none[i] = 0
     for g in range(c0 * PER, min(groups, c1 * PER)):
         zero16(acc, 0)
-        q, s = codes[g], scales[g]
+        q, s = row(codes, g), row(scales, g)
         for b in range(nb):
             q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b])
         row_sums(acc, none, g, rows, add, out)
@@ -101,35 +101,62 @@ def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
         rows_q8_0(codes, scales, xq, xd, xsum, i * g, min(n, i * g + g), add, out)
 
 
+@kernel(inline=True)
+def per_row(xd, xsum, xd4, xs4):
+    """x's scale d and d sum(xq) of each block, repeated for the 4 rows of a group:
+    xd4[4 b + i] = xd[b], xs4[4 b + i] = xd[b] xsum[b]."""
+    for j in range(xd4.shape[0]):
+        xd4[j] = xd[j // 4]
+        xs4[j] = xd[j // 4] * np.float32(xsum[j // 4])
+
+
+@kernel(inline=True)
+def group_scales(scales, mins, g, xd4, xs4, sc, acc, corr):
+    """For group g of 4 rows: sc[4 b + i] = (row i's scale of block b) xd[b], and
+    corr[i] = sum_b (row i's min of block b) xd[b] xsum[b] (scales, mins: float16 bits,
+    as stored; acc: 16 lanes of scratch). 16 at a time (4 blocks), the rest one by one.
+    Flat offsets, no row views: a view per group costs a reference count taken and
+    dropped (NRT calls) in the hot loop."""
+    n = sc.shape[0]
+    whole, at = n // 16 * 16, g * n
+    zero16(acc, 0)
+    for j in range(0, whole, 16):
+        mul16_f16v(sc, j, scales, at + j, xd4, j)
+        fma16_f16v(acc, 0, mins, at + j, xs4, j)
+    for j in range(whole, n):
+        sc[j] = f16(scales[g, j]) * xd4[j]
+        acc[j - whole] += f16(mins[g, j]) * xs4[j]
+    for i in range(4):
+        corr[i] = acc[i] + acc[4 + i] + acc[8 + i] + acc[12 + i]
+
+
 @kernel
 def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out):
     """matvec.rows_q4's layout (and rows_q5's `bits` for q5_0 / q5_1, an empty array for
-    q4), on x as quantize_x rounds it; chunks c0:c1. q4_1 and q5_1 pass their mins and
-    factor 1; q4_0 and q5_0 their scales and factor -8 or -16 (the offset goes into the
-    integer sums, so `mins` is not read)."""
+    q4), on x as quantize_x rounds it; chunks c0:c1. The integer dot products take the
+    codes as stored (0..15, 0..31); the offset or min goes in once per row, in float,
+    as in the float kernels: y = sum_b d_b xd_b (q_b . xq_b) + factor m_b xd_b sum(xq_b).
+    q4_1 and q5_1 pass their mins and factor 1; q4_0 and q5_0 their scales and -8, -16."""
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
-    has_min, five = factor > 0, bits.shape[1] > 0
-    per_lane = np.int32(0) if has_min else np.int32(np.int32(-factor) // 4)  # 4 lanes a row
+    five = bits.shape[1] > 0
+    xd4, xs4 = np.empty(4 * nb, np.float32), np.empty(4 * nb, np.float32)
+    sc = np.empty(4 * nb, np.float32)
+    per_row(xd, xsum, xd4, xs4)
     acc = carray(stack_f32(16), 16)
     corr = carray(stack_f32(4), 4)
-    m = carray(stack_f32(4), 4)
     for g in range(c0 * PER, min(groups, c1 * PER)):
-        zero16(acc, 0)
+        group_scales(scales, mins, g, xd4, xs4, sc, acc, corr)
         for i in range(4):
-            corr[i] = 0
-        q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
-        for b in range(nb):
-            if has_min:
-                f16x4(mg, GROUP * b, m)
-                xs = xd[b] * np.float32(xsum[b])
-                for i in range(4):
-                    corr[i] += m[i] * xs
-            bias = per_lane * xsum[b]
-            if five:
-                q5_block(acc, q, 64 * b, hb, GROUP * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
-            else:
-                q4_block(acc, q, 64 * b, xq, BLOCK * b, bias, s, GROUP * b, xd[b])
+            corr[i] *= factor
+        zero16(acc, 0)
+        q, w = g * codes.shape[1], g * bits.shape[1]
+        if five:
+            for b in range(nb):
+                q5_dot(acc, codes, q + 64 * b, bits, w + GROUP * b, xq, BLOCK * b, sc, GROUP * b)
+        else:
+            for b in range(nb):
+                q4_dot(acc, codes, q + 64 * b, xq, BLOCK * b, sc, GROUP * b)
         row_sums(acc, corr, g, rows, add, out)
 
 
@@ -185,7 +212,7 @@ def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, c0, c1, add, out):
         for i in range(4):
             zero16(acc, 16 * i)
             zero16(mins, 16 * i)
-        bg = blocks[g]
+        bg = row(blocks, g)
         for blk in range(nblocks):
             for i in range(GROUP):
                 o = (GROUP * blk + i) * nbytes

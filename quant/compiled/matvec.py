@@ -31,7 +31,7 @@ from numba import carray, prange
 
 from .jit import kernel
 from .ops import prologue
-from .simd.scalar import bf16, bit, f16, f16x4, i8, lo4, stack_f32, u8
+from .simd.scalar import bf16, bit, f16, f16x4, i8, lo4, row, stack_f32, u8
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
 CHUNK = 16  # rows per unit of parallel work
@@ -136,7 +136,7 @@ def rows_q8_0(codes, scales, x, c0, c1, add, out):
     for g in range(c0 * PER, min(groups, c1 * PER)):
         for j in range(64):
             acc[j] = 0
-        q, s = codes[g], scales[g]
+        q, s = row(codes, g), row(scales, g)
         for b in range(nb):
             f16x4(s, 4 * b, d)
             o = 128 * b
@@ -209,7 +209,7 @@ def rows_q4(codes, scales, mins, factor, xa, xb, xs, c0, c1, add, out):
             acc[j] = 0
         for i in range(4):
             corr[i] = 0
-        q, s, mg = codes[g], scales[g], mins[g]
+        q, s, mg = row(codes, g), row(scales, g), row(mins, g)
         for b in range(nb):
             f16x4(s, 4 * b, d)
             f16x4(mg, 4 * b, m)
@@ -254,7 +254,7 @@ def rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out
             acc[j] = 0
         for i in range(4):
             corr[i] = 0
-        q, s, mg, hb = codes[g], scales[g], mins[g], bits[g]
+        q, s, mg, hb = row(codes, g), row(scales, g), row(mins, g), row(bits, g)
         for b in range(nb):
             f16x4(s, 4 * b, d)
             f16x4(mg, 4 * b, m)

@@ -184,8 +184,22 @@ def _fifth_bits(builder, context, sig, args, k: int, at: int, high: bool):
     )
 
 
-def _nibble_block(builder, context, sig, args, five: bool):
-    """The codegen of q4_block and q5_block (five: its bit words are arguments 3 and 4, and
+def dot_u8_add(builder, acc, u, s):
+    """acc + dot_u8(u, s): on VNNI one `vpdpbusd` into acc itself."""
+    if VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16, [acc, u, s])
+    return builder.add(acc, dot_u8(builder, u, s))
+
+
+def _spread(builder, context, sig, args, k: int, at: int):
+    """<16 x float>: the 4 float32 src[at:at + 4], each over its row's 4 lanes."""
+    v = _load(builder, context, sig, args, k, at, ir.VectorType(ir.FloatType(), 4))
+    mask = ir.Constant(ir.VectorType(I32, 16), [j // 4 for j in range(16)])
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _nibble_dot(builder, context, sig, args, five: bool):
+    """The codegen of q4_dot and q5_dot (five: its bit words are arguments 3 and 4, and
     the arguments after them shift by two)."""
     v = _load(builder, context, sig, args, 1, 2, I8x64)
     low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
@@ -200,38 +214,34 @@ def _nibble_block(builder, context, sig, args, five: bool):
     x16 = ir.VectorType(I8, 16).as_pointer()
     xlo = builder.load(builder.bitcast(at, x16), align=1)
     xhi = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(I32, 16)]), x16), align=1)
-    lanes = builder.add(dot_u8(builder, low, _repeat(builder, xlo, 4)),
-                        dot_u8(builder, high, _repeat(builder, xhi, 4)))  # fmt: skip
-    lanes = builder.sub(lanes, _splat_i32(builder, args[k + 2]))
-    scale = _scales(builder, context, sig, args, k + 3, k + 4, args[k + 5])
-    _accumulate(builder, context, sig, args, lanes, scale)
+    lanes = dot_u8_add(builder, dot_u8(builder, low, _repeat(builder, xlo, 4)), high,
+                       _repeat(builder, xhi, 4))  # fmt: skip
+    _accumulate(
+        builder, context, sig, args, lanes, _spread(builder, context, sig, args, k + 2, k + 3)
+    )
 
 
 @intrinsic
-def q4_block(typingctx, acc, codes, co, xq, xo, lane_bias, scales, so, xd):
+def q4_dot(typingctx, acc, codes, co, xq, xo, sc, so):
     """acc[0:16] += (the dot products of one 4-bit block of 4 grouped rows, codes[co:co +
     64] (16 bytes a row: element j in the low nibble of byte j, j + 16 in the high one),
-    with xq[xo:xo + 32], less lane_bias per lane) in 4 lanes per row, times scales[so +
-    row] (float16 bits) * xd. q4_0 passes 2 sum(x) as lane_bias (its codes are q + 8:
-    8 sum(x) a row), q4_1 passes 0."""
+    with xq[xo:xo + 32]) in 4 lanes per row, times sc[so + row] (float32: the block's
+    scale times x's). Codes as stored (0..15): a format's offset or min is the caller's
+    (intdot.rows_q4 adds it once per row, in float)."""
 
     def codegen(context, builder, sig, args):
-        _nibble_block(builder, context, sig, args, False)
+        _nibble_dot(builder, context, sig, args, False)
 
-    sig = types.void(
-        acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
-    )
-    return sig, codegen
+    return types.void(acc, codes, types.intp, xq, types.intp, sc, types.intp), codegen
 
 
 @intrinsic
-def q5_block(typingctx, acc, codes, co, bits, bo, xq, xo, lane_bias, scales, so, xd):
-    """q4_block for q5_0 / q5_1: each code's fifth bit from the rows' uint32 words
-    bits[bo:bo + 4] (bit j: element j). q5_0 passes 4 sum(x) as lane_bias (codes q + 16)."""
+def q5_dot(typingctx, acc, codes, co, bits, bo, xq, xo, sc, so):
+    """q4_dot for q5_0 / q5_1: each code's fifth bit from the rows' uint32 words
+    bits[bo:bo + 4] (bit j: element j); codes as stored (0..31)."""
 
     def codegen(context, builder, sig, args):
-        _nibble_block(builder, context, sig, args, True)
+        _nibble_dot(builder, context, sig, args, True)
 
-    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, types.int32,
-                     scales, types.intp, types.float32)  # fmt: skip
+    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, sc, types.intp)
     return sig, codegen

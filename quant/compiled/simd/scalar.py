@@ -7,10 +7,12 @@ vcvtdq2ps on 8-bit lanes, pow2 a shift of the exponent bits."""
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import carray, types
 from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue
 from numba.core.extending import intrinsic
+
+from ..jit import kernel
 
 
 def _stack(n, lltype, nbtype):
@@ -159,3 +161,28 @@ def field(typingctx, byte, shift, mask):
         return builder.uitofp(builder.and_(v, builder.trunc(args[2], i8t)), ir.FloatType())
 
     return types.float32(types.uint8, types.intp, types.intp), codegen
+
+
+@intrinsic
+def pointer_to(typingctx, a, i):
+    """A typed pointer to a.flat[i] (a C-contiguous)."""
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.gep(ary.data, [args[1]])
+
+    return types.CPointer(a.dtype)(a, types.intp), codegen
+
+
+@kernel(inline=True)
+def flat(a, start, n):
+    """a.flat[start:start + n] as an array that holds no reference to a's memory: a view
+    (a[g], a[i:j]) taken in a hot loop costs a reference count taken and dropped, two
+    calls into numba's runtime. For arrays the caller keeps alive; a C-contiguous."""
+    return carray(pointer_to(a, start), n)
+
+
+@kernel(inline=True)
+def row(a, g):
+    """Row g of the 2-D a, as `flat` gives it."""
+    return flat(a, g * a.shape[1], a.shape[1])
