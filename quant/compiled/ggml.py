@@ -2,11 +2,13 @@
 stored bytes (q5_0 and q5_1 have fused kernels of their own: matvec.matvec_q5).
 
 Layout: the GGUF blocks themselves, in groups of 4 rows interleaved block by block, as
-the other block formats (matvec.py). A kernel decodes one block of each of the 4 rows
-into float32 values on the stack, exactly as gguf.quants decodes them (x = D c + M per
-sub-block, bit for bit), then multiplies 16 lanes at a time. The decoding costs more
-than the fused loops of q8_0 and q4 (every weight is written once and read back from
-L1), in exchange for one generic loop behind five formats: `decode` branches on the
+the other block formats (matvec.py). The decode kernel (`rows_ggml`) decodes each
+super-block of a row in vector registers into integer codes, sub-block scales and mins
+(simd/kquants.py, the int8 kernels' decoders), widens the codes to float and multiplies
+them by x 16 lanes at a time: x = D a_s c - M b_s per sub-block, the mins term taken once
+per sub-block from x's sums. (It decoded every block to float32 values on the stack
+first, as `decode` below still does for prefill's dequantization: 2-3x slower.)
+`decode` decodes one block exactly as gguf.quants does, bit for bit, branching on the
 format once per block.
 """
 
@@ -18,11 +20,21 @@ from numba import carray, prange
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put, spread
 from .ops import prologue
-from .simd.lanes import fma16vv, zero16
-from .simd.scalar import f16, field, flat, stack_f32
+from .simd.kquants import (
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    kf_block_q2,
+    kf_block_q3,
+    kf_block_q4,
+    kf_block_q5,
+    kf_block_q6,
+)
+from .simd.lanes import zero16
+from .simd.scalar import f16, field, row, stack_f32
 
-# format codes for `decode`
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)
 CODES = {"q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}
 MAX_WEIGHTS = 256  # per block (a K-quant super-block)
 
@@ -135,26 +147,46 @@ def decode(fmt, b, out):
         decode_q6_k(b, out)
 
 
+@kernel(inline=True)
+def kf_block(fmt, acc, mins, at, b, o, x, xo, xs16, so):
+    if fmt == Q2_K:
+        kf_block_q2(acc, mins, at, b, o, x, xo, xs16, so)
+    elif fmt == Q3_K:
+        kf_block_q3(acc, mins, at, b, o, x, xo, xs16, so)
+    elif fmt == Q4_K:
+        kf_block_q4(acc, mins, at, b, o, x, xo, xs16, so)
+    elif fmt == Q5_K:
+        kf_block_q5(acc, mins, at, b, o, x, xo, xs16, so)
+    else:
+        kf_block_q6(acc, mins, at, b, o, x, xo, xs16, so)
+
+
 @kernel
 def rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out):
     """blocks (G, nblocks * 4 * nbytes) uint8: per group of 4 rows, per block, the rows'
-    GGUF blocks; x (nblocks * weights,); out (rows <= 4 G,); chunks c0:c1"""
+    GGUF blocks; x (nblocks * weights,); out (rows <= 4 G,); chunks c0:c1.
+    Each super-block is decoded in vector registers (simd/kquants.py, as for int8 x) and
+    its codes widened to float: y = sum_s D a_s (c_s . x_s) - M b_s sum(x_s)."""
     groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
     rows = out.shape[0]
-    vals = carray(stack_f32(1024), 1024)  # GROUP * MAX_WEIGHTS
-    acc = carray(stack_f32(64), 64)
+    xs16 = np.empty(x.shape[0] // 16, np.float32)
+    for h in range(xs16.shape[0]):
+        s = np.float32(0)
+        for j in range(16):
+            s += x[16 * h + j]
+        xs16[h] = s
+    acc, mins = carray(stack_f32(64), 64), carray(stack_f32(64), 64)
     for g in range(c0 * PER, min(groups, c1 * PER)):
         for i in range(4):
             zero16(acc, 16 * i)
+            zero16(mins, 16 * i)
+        bg = row(blocks, g)
         for blk in range(nblocks):
             for i in range(GROUP):
-                o = (GROUP * (nblocks * g + blk) + i) * nbytes
-                decode(fmt, flat(blocks, o, nbytes), flat(vals, i * weights, weights))
-            for j in range(0, weights, 16):
-                for i in range(GROUP):
-                    fma16vv(acc, 16 * i, vals, i * weights + j, x, blk * weights + j)
+                o = (GROUP * blk + i) * nbytes
+                kf_block(fmt, acc, mins, 16 * i, bg, o, x, weights * blk, xs16, 16 * blk)
         for i in range(min(GROUP, rows - GROUP * g)):
-            put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
+            put(out, GROUP * g + i, lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i), add)
 
 
 @kernel(parallel=True)

@@ -15,8 +15,9 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from ..ggml import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8
+
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)  # format codes (compiled.ggml.CODES)
 
 
 def _bytes(builder, base, offset: int, n: int):
@@ -184,4 +185,60 @@ def _k_block(fmt: int):
 
 k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6 = (
     _k_block(f) for f in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+)
+
+
+def _k_block_f32(fmt: int):
+    @intrinsic
+    def k_block_f32(typingctx, acc, mins, at, blocks, bo, x, xo, xs16, so):
+        """k_block for x in float32: acc[at:at + 16] += D a_s (c_e x_e) lane by lane over
+        the super-block's 16 sub-blocks, blocks[bo:bo + nbytes] with x[xo:xo + 256];
+        mins[at:at + 16] -= M b_s xs16[so + s] (xs16: x's sums per 16). The codes are
+        decoded in registers as for int8 x (DECODERS), then widened to float."""
+
+        def codegen(context, builder, sig, args):
+            def ptr(k, at_arg):
+                ary = context.make_array(sig.args[k])(context, builder, args[k])
+                return builder.gep(ary.data, [args[at_arg]])
+
+            def lanes(k, at_arg):
+                return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
+
+            codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
+            undef = ir.Constant(F32x16, ir.Undefined)
+
+            def times(v, f):  # float(v) * f (a scalar)
+                fv = builder.insert_element(undef, f, ir.Constant(I32, 0))
+                return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
+
+            w = times(a, d)
+            x = builder.bitcast(ptr(5, 6), ir.FloatType().as_pointer())
+            acc_at = lanes(0, 2)
+            total = builder.load(acc_at, align=4)
+            for v in range(4):
+                for k in range(4):
+                    c = builder.uitofp(_spread(builder, codes[v], list(range(16 * k, 16 * k + 16))),
+                                       F32x16)  # fmt: skip
+                    xp = builder.gep(x, [ir.Constant(I32, 64 * v + 16 * k)])
+                    xv = builder.load(builder.bitcast(xp, F32x16.as_pointer()), align=4)
+                    ws = _spread(builder, w, [4 * v + k] * 16)
+                    total = builder.fadd(total, builder.fmul(builder.fmul(c, xv), ws,
+                                                             flags=["contract"]),
+                                         flags=["contract"])  # fmt: skip
+            builder.store(total, acc_at, align=4)
+            mins_at = lanes(1, 2)
+            taken = builder.fmul(times(m, dmin), builder.load(lanes(7, 8), align=4),
+                                 flags=["contract"])  # fmt: skip
+            builder.store(builder.fsub(builder.load(mins_at, align=4), taken, flags=["contract"]),
+                          mins_at, align=4)  # fmt: skip
+
+        sig = types.void(acc, mins, types.intp, blocks, types.intp, x, types.intp, xs16,
+                         types.intp)  # fmt: skip
+        return sig, codegen
+
+    return k_block_f32
+
+
+kf_block_q2, kf_block_q3, kf_block_q4, kf_block_q5, kf_block_q6 = (
+    _k_block_f32(f) for f in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 )
