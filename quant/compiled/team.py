@@ -18,7 +18,6 @@ first would do all the work and the second would find it done; no deadlock.
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -70,11 +69,6 @@ def pause(typingctx):
         return context.get_dummy_value()
 
     return types.none(), codegen
-
-
-def counters(phases: int) -> np.ndarray:
-    """Zeroed counters for `phases` phases."""
-    return np.zeros((phases, LINE), np.int64)
 
 
 @kernel(inline=True)

@@ -175,14 +175,8 @@ def pointer_to(typingctx, a, i):
 
 
 @kernel(inline=True)
-def flat(a, start, n):
-    """a.flat[start:start + n] as an array that holds no reference to a's memory: a view
-    (a[g], a[i:j]) taken in a hot loop costs a reference count taken and dropped, two
-    calls into numba's runtime. For arrays the caller keeps alive; a C-contiguous."""
-    return carray(pointer_to(a, start), n)
-
-
-@kernel(inline=True)
 def row(a, g):
-    """Row g of the 2-D a, as `flat` gives it."""
-    return flat(a, g * a.shape[1], a.shape[1])
+    """Row g of the 2-D C-contiguous a, as an array that holds no reference to a's memory:
+    a view (a[g]) taken in a hot loop costs a reference count taken and dropped, two calls
+    into numba's runtime. For arrays the caller keeps alive."""
+    return carray(pointer_to(a, g * a.shape[1]), a.shape[1])
