@@ -6,8 +6,9 @@
 - numba: compiled kernels (quant.compiled), an optional extra (`pip install
   'llama-np[fast]'`). Block formats keep groups of 4 interleaved rows with float16 scales;
   keys are stored in tiles of 16 slots. Its decode products multiply every quantized
-  format by x rounded to int8 per block of 32, as llama.cpp does ("numba-int8",
-  quant.compiled.intdot), or by x in float32 ("numba-f32"); "numba" is DEFAULT_DOT.
+  format by x rounded to integers per block of 32, int8 as llama.cpp does ("numba-int8",
+  quant.compiled.intdot) or int16 ("numba-int16", two int8 halves), or by x in float32
+  ("numba-f32"); "numba" is DEFAULT_DOT.
 
 A backend decides the in-memory layout of every matrix (its Weight classes) and of the
 keys in the KV cache; the meter counts whatever that layout really occupies, and the
@@ -27,7 +28,7 @@ from . import threads as numpy_threads
 from .base import Matrix, Weight
 from .errors import QuantError
 
-KERNELS = ("auto", "numpy", "numba", "numba-int8", "numba-f32")
+KERNELS = ("auto", "numpy", "numba", "numba-int16", "numba-int8", "numba-f32")
 # What "numba" (and "auto") multiply x as in the quantized decode products.
 DEFAULT_DOT = "f32"
 INSTALL_HINT = "pip install 'llama-np[fast]' (or pip install numba)"
@@ -118,8 +119,8 @@ class NumbaBackend(Backend):
         blas = threadpool_limits(threads, user_api="blas")
         n = compiled.set_threads(threads)
         label = f"numba {compiled.threading_layer()}, {n} threads"
-        if self.dot == "int8":
-            label += f", int8 dot ({compiled.DOT_INSTRUCTION})"
+        if self.dot != "f32":
+            label += f", {self.dot} dot ({compiled.DOT_INSTRUCTION})"
         return Running(label, blas.restore_original_limits)
 
 
@@ -140,7 +141,7 @@ def numba_importable() -> bool:
 def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
     """The compiled backend, its kernels compiled (or loaded from the disk cache) for every
     format now: a kernel that cannot be compiled on this CPU fails here, in one line.
-    `dot`: "int8" or "f32", what x is multiplied as in quantized decode products."""
+    `dot`: "int16", "int8" or "f32", what x is multiplied as in quantized decode products."""
     try:
         from . import compiled
     except ImportError as e:
@@ -160,7 +161,7 @@ def get_backend(kernels: str = "auto") -> Backend:
     numpy."""
     if kernels == "numpy":
         return numpy_backend()
-    if kernels in ("numba", "numba-int8", "numba-f32"):
+    if kernels in ("numba", "numba-int16", "numba-int8", "numba-f32"):
         return numba_backend(kernels.removeprefix("numba-") if "-" in kernels else DEFAULT_DOT)
     if kernels == "auto":
         return numba_backend() if numba_importable() else numpy_backend()

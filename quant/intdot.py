@@ -15,6 +15,10 @@ take their x block's d), y += D d (c . xq) + M d s over the sub-blocks. All in f
 but the dot products (int32). For the K-quants llama.cpp rounds x per 256 values (its
 q8_K, one scale per super-block); here every format rounds x per 32, a finer rounding
 at the same integer cost.
+
+With bits=16, x is rounded to int16 instead: d = max|x| / 16256 (= 127 * 128: the
+compiled kernels hold x as two int8 halves, the high one within -127..127), the same
+formulas; x's rounding error is 128 times smaller.
 """
 
 from __future__ import annotations
@@ -31,14 +35,19 @@ BLOCK = 32  # x is rounded per block of 32
 INT8_FORMATS = tuple(LAYOUTS)
 
 
-def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x (nb * 32,) float32 -> xq (nb, 32) int8, d (nb,) float32, s (nb,) int32."""
+TOPS = {8: np.float32(127), 16: np.float32(16256)}  # x's largest integer, by bits
+
+
+def quantize_x(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (nb * 32,) float32 -> xq (nb, 32) int8 (int16 for bits=16), d (nb,) float32,
+    s (nb,) int32."""
+    top = TOPS[bits]
     blocks = np.asarray(x, np.float32).reshape(-1, BLOCK)
     amax = np.abs(blocks).max(axis=1)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    xq = np.rint(blocks * inv[:, None]).astype(np.int8)
-    return xq, (amax / np.float32(127)).astype(np.float32), xq.sum(axis=1, dtype=np.int32)
+        inv = np.where(amax > 0, top / amax, np.float32(0)).astype(np.float32)
+    xq = np.rint(blocks * inv[:, None]).astype(np.int8 if bits == 8 else np.int16)
+    return xq, (amax / top).astype(np.float32), xq.sum(axis=1, dtype=np.int32)
 
 
 def decoded(fmt: str, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -50,14 +59,14 @@ def decoded(fmt: str, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     return c.reshape(rows, -1).astype(np.int32), D.reshape(rows, -1), M.reshape(rows, -1)
 
 
-def matvec(fmt: str, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y = W @ x with x rounded to int8 per block of 32, W given by its blocks as GGUF
+def matvec(fmt: str, blocks: np.ndarray, x: np.ndarray, bits: int = 8) -> np.ndarray:
+    """y = W @ x with x rounded to int8 (or int16) per block of 32, W given by its blocks as GGUF
     stores them (BlockFormat.to_blocks()): per sub-block s of a row,
     D_s xd_s (c_s . xq_s) + M_s xd_s sum(xq_s), the dot products exact in int32, summed in
     float32."""
     if fmt not in INT8_FORMATS:
         raise QuantError(f"no int8 product for {fmt} (only {', '.join(INT8_FORMATS)})")
-    xq, d, _ = quantize_x(x)
+    xq, d, _ = quantize_x(x, bits)
     c, D, M = decoded(fmt, blocks)
     rows, cols = c.shape
     sub = cols // D.shape[1]

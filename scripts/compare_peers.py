@@ -217,14 +217,15 @@ NATIVE = {"smollm2-135m": "Q4_1", "qwen2.5-coder-0.5b": "Q4_K_M"}  # llama.cpp's
 
 def specs(native: str, kernels: list[str]) -> list[tuple]:
     """The engines; the first, llama-np's first kernels in f32, is the base of the ratios.
-    numba-int8 runs only the formats it multiplies in integers (f32 is numba-f32's)."""
+    numba-int8 / numba-int16 run only the formats they multiply in integers (f32 is
+    numba-f32's)."""
     from quant.backends import numba_importable
 
     if not numba_importable():
         print("compare_peers: numba is not installed, only the NumPy kernels", file=sys.stderr)
         kernels = ["numpy"]
     ours = [(k, w) for k in kernels for w in ("f32", "q8_0", "q4_0", None)  # None: as stored
-            if not (k == "numba-int8" and w == "f32")]  # fmt: skip
+            if not (k in ("numba-int8", "numba-int16") and w == "f32")]  # fmt: skip
     out: list[tuple] = [("llama-np", spec) for spec in ours]
     for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
                          ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", native))]:  # fmt: skip
@@ -303,7 +304,7 @@ def main() -> None:
     ap.add_argument("--md", help="also write the table to this file")
     ap.add_argument(
         "--kernels",
-        default="numba-f32,numba-int8,numpy",
+        default="numba-f32,numba-int16,numba-int8,numpy",
         help="llama-np's kernel backends to run (default: %(default)s)",
     )
     ap.add_argument("--batch", help="B1,B2,...: batched decode throughput against llama.cpp "

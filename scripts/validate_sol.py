@@ -47,16 +47,17 @@ K = ["q4_k", "q6_k"]  # K-quants: rows a multiple of 256 (TinyLlama, not SmolLM2
 SWEEPS = [
     Sweep("smollm2-135m", "numba-f32", ["f32", "q8_0", None], (0, 1024, 4096), (None, 1024)),
     Sweep("smollm2-135m", "numba-f32", [None], (4096,), kv=("f16", "q8_0")),
-    Sweep("smollm2-135m", "numba-int8", ["q8_0", None], (0, 4096)),
+    Sweep("smollm2-135m", "numba-int16", ["q8_0", None], (0, 4096)),
     Sweep("smollm2-135m", "numpy", ["f32", "q8_0", None], (0, 4096)),
     Sweep("synthetic:smollm2-360m", "numba-f32", ["f32", *Q], (0, 4096)),
+    Sweep("synthetic:smollm2-360m", "numba-int16", Q, (0,)),
     Sweep("synthetic:smollm2-360m", "numba-int8", Q, (0,)),
     Sweep("synthetic:smollm2-360m", "numpy", ["f32", "q8_0", "q4_0"], (0,)),
     Sweep("synthetic:tinyllama-1.1b", "numba-f32", ["f32", *Q, *K], (0,)),
-    Sweep("synthetic:tinyllama-1.1b", "numba-int8", Q + K, (0,)),
+    Sweep("synthetic:tinyllama-1.1b", "numba-int16", Q + K, (0,)),
     Sweep("synthetic:tinyllama-1.1b", "numpy", ["f32", "q8_0"], (0,)),
     Sweep("qwen2.5-coder-0.5b", "numba-f32", [None, "q8_0", "f32"], (0, 4096)),
-    Sweep("qwen2.5-coder-0.5b", "numba-int8", [None, "q8_0"], (0, 4096)),
+    Sweep("qwen2.5-coder-0.5b", "numba-int16", [None, "q8_0"], (0, 4096)),
     Sweep("qwen2.5-coder-0.5b", "numpy", [None], (0,)),
 ]
 
@@ -92,7 +93,7 @@ def verdict(r: Row) -> str:
     if r.kernels.startswith("numpy") and r.weights.startswith("q"):
         return "NumPy-bound: converting codes to float32 costs more than reading them"
     codes = {f for f in r.weights.replace("+", "/").split("/")[0:-1] or [r.weights]}
-    if "int8 dot" in r.kernels:  # no longer the multiplies: as far off as the f32 rows
+    if " dot (" in r.kernels:  # integer x: no longer the multiplies, as far off as f32
         return "integer kernel: below the DRAM roof, about as far as f32 (not compute-bound)"
     if r.kernels.startswith("numba") and codes - {"f32", "f16", "bf16", "q8_0"}:
         return "compute-bound: unpacking 4-6 bit codes takes more vector work than streaming them"

@@ -77,7 +77,7 @@ KV = sorted(KV_FORMATS)
 
 # fmt: off
 KV_ARG = (("--kv",), dict(default="f32", choices=KV, metavar="FMT", help=f"KV cache format: {' '.join(KV)} (default: %(default)s)"))
-KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed; numba-int8 / numba-f32: the compiled decode products of every quantized format with x rounded to int8 per block of 32 (as llama.cpp) or in float32 (numba: " + DEFAULT_DOT + ") (default: %(default)s)"))
+KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed; numba-int16 / numba-int8 / numba-f32: the compiled decode products of every quantized format with x rounded per block of 32 to int16 (two int8 halves), to int8 (as llama.cpp), or in float32 (numba: " + DEFAULT_DOT + ") (default: %(default)s)"))
 THREADS_ARG = (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)"))
 WINDOW_ARG = (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)"))
 MODEL_ARGS = [
@@ -136,7 +136,7 @@ PERPLEXITY_ARGS = [
     (("-f", "--file"), dict(required=True, help="the text file")),
     (("-c", "--ctx-size"), dict(type=positive_int, default=256, help="window size in tokens (default: %(default)s)")),
     KV_ARG,
-    (("--stepwise",), dict(action="store_true", help="run each window token by token through decode steps, as generation does (what --kernels numba-int8 changes), not as one batched prefill")),
+    (("--stepwise",), dict(action="store_true", help="run each window token by token through decode steps, as generation does (what --kernels numba-int16 / numba-int8 change), not as one batched prefill")),
     (("--chunks",), dict(type=positive_int, help="score only the first N windows (default: all)")),
 ]
 PULL_ARGS = [

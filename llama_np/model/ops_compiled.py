@@ -18,6 +18,8 @@ from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
 from quant.compiled import attention, layers, ops
 
+INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
+
 
 def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
             eps: float, add: bool, dot: str) -> None:  # fmt: skip
@@ -77,7 +79,7 @@ class Blocks:
 
 class CompiledOps(NumpyOps):
     def __init__(self, dot: str) -> None:
-        self.dot = dot  # x in quantized decode products: "f32" or "int8" (the backend's)
+        self.dot = dot  # x in quantized decode products: "f32", "int8", "int16" (the backend's)
         self.one_call = True  # decode's blocks in one call; False: call by call (to compare)
         self.team: int | None = None  # iterations of its parallel loop (None: the threads)
         self._blocks: tuple[Sequence, Blocks | None] | None = None
@@ -102,7 +104,7 @@ class CompiledOps(NumpyOps):
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
                              packed.kv_addresses(cache), span.slot, span.n_keys,
-                             self.dot == "int8", self.team or numba.get_num_threads())  # fmt: skip
+                             INT_BITS[self.dot], self.team or numba.get_num_threads())  # fmt: skip
         return True
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:

@@ -4,7 +4,10 @@ and multiplied by the codes in integer lanes, as llama.cpp does (its vec_dot_typ
 q8_1; for the K-quants it rounds per 256 values, q8_K, where these round per 32).
 
 x, per block of 32 values:  d = max|x| / 127,  xq = rint(x / d) (int8),  sum(xq).
-Then for a row's block with scale w_d (and min w_m):
+Or rounded to int16 (dot "int16", x's error 128 times smaller): d = max|x| / 16256,
+xq = rint(x / d), held as two int8 halves, high bytes then low ones `lo` further on
+(quantize_x; simd/int8.py multiplies both by the same codes). Then for a row's block with
+scale w_d (and min w_m):
 
     q8_0   w_d d (q . xq)
     q4_0   w_d d ((q - 8) . xq)  =  w_d d (q . xq - 8 sum(xq))
@@ -40,30 +43,41 @@ BLOCK = 32
 
 
 @kernel
-def quantize_x(x, xq, xd, xsum):
-    """x (nb * 32,) float32 -> xq (nb * 32,) int8, xd (nb,) float32 scales, xsum (nb,)
-    int32 sums of xq: per block, d = max|x| / 127 and xq = rint(x * (127 / max|x|))
-    (ties to even; 0 for a block of zeros)."""
+def quantize_x(x, xq, xd, xsum, lo):
+    """x (nb * 32,) float32 -> its integers q in xq (int8), xd (nb,) float32 scales, xsum
+    (nb,) int32 sums of q: per block, q = rint(x * (top / max|x|)) (ties to even; 0 for a
+    block of zeros) and d = max|x| / top, with top = 127 (lo = 0: q is int8, in
+    xq[:nb * 32]) or 16256 (q is int16: its high bytes h = (q + 64) >> 7 in xq[:nb * 32],
+    its low bytes q - 128 h, -64..63, lo further on)."""
+    top = np.float32(16256) if lo else np.float32(127)
     for b in range(xd.shape[0]):
         amax = np.float32(0)
         for j in range(BLOCK):
             amax = max(amax, abs(x[BLOCK * b + j]))
-        inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+        inv = top / amax if amax > 0 else np.float32(0)
         s = np.int32(0)
         for j in range(BLOCK):
             q = np.int32(np.rint(x[BLOCK * b + j] * inv))
-            xq[BLOCK * b + j] = q
+            if lo:
+                h = (q + 64) >> 7
+                xq[BLOCK * b + j] = h
+                xq[lo + BLOCK * b + j] = q - 128 * h
+            else:
+                xq[BLOCK * b + j] = q
             s += q
-        xd[b] = amax / np.float32(127)
+        xd[b] = amax / top
         xsum[b] = s
 
 
 @kernel(inline=True)
-def quantized(x):
-    nb = x.shape[0] // BLOCK
-    xq, xd, xsum = np.empty(x.shape[0], np.int8), np.empty(nb, np.float32), np.empty(nb, np.int32)
-    quantize_x(x, xq, xd, xsum)
-    return xq, xd, xsum
+def quantized(x, wide):
+    """x's integers (quantize_x), as int16 when wide: xq, xd, xsum and lo."""
+    n = x.shape[0]
+    lo = n if wide else 0
+    xq = np.empty(2 * n if wide else n, np.int8)
+    xd, xsum = np.empty(n // BLOCK, np.float32), np.empty(n // BLOCK, np.int32)
+    quantize_x(x, xq, xd, xsum, lo)
+    return xq, xd, xsum, lo
 
 
 @kernel(inline=True)
@@ -75,7 +89,7 @@ def row_sums(acc, extra, g, rows, add, out):
 
 
 @kernel
-def rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out):
+def rows_q8_0(codes, scales, xq, xd, xsum, lo, c0, c1, add, out):
     """matvec.rows_q8_0's layout, on x as quantize_x rounds it; chunks c0:c1"""
     groups, nb = scales.shape[0], scales.shape[1] // GROUP
     rows = out.shape[0]
@@ -87,18 +101,19 @@ def rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out):
         zero16(acc, 0)
         q, s = row(codes, g), row(scales, g)
         for b in range(nb):
-            q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b])
+            q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b], lo)
         row_sums(acc, none, g, rows, add, out)
 
 
 @kernel(parallel=True)
-def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
-    """matvec.matvec_q8_0's arguments and layout, with x rounded to int8."""
+def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out, wide):
+    """matvec.matvec_q8_0's arguments and layout, with x rounded to int8 (int16 when
+    wide)."""
     x = prologue(x, norm, eps, mode)
-    xq, xd, xsum = quantized(x)
+    xq, xd, xsum, lo = quantized(x, wide)
     m, g, n = spread(out.shape[0])
     for i in prange(m):
-        rows_q8_0(codes, scales, xq, xd, xsum, i * g, min(n, i * g + g), add, out)
+        rows_q8_0(codes, scales, xq, xd, xsum, lo, i * g, min(n, i * g + g), add, out)
 
 
 @kernel(inline=True)
@@ -131,7 +146,7 @@ def group_scales(scales, mins, g, xd4, xs4, sc, acc, corr):
 
 
 @kernel
-def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out):
+def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, out):
     """matvec.rows_q4's layout (and rows_q5's `bits` for q5_0 / q5_1, an empty array for
     q4), on x as quantize_x rounds it; chunks c0:c1. The integer dot products take the
     codes as stored (0..15, 0..31); the offset or min goes in once per row, in float,
@@ -153,22 +168,24 @@ def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out):
         q, w = g * codes.shape[1], g * bits.shape[1]
         if five:
             for b in range(nb):
-                q5_dot(acc, codes, q + 64 * b, bits, w + GROUP * b, xq, BLOCK * b, sc, GROUP * b)
+                q5_dot(acc, codes, q + 64 * b, bits, w + GROUP * b, xq, BLOCK * b, sc,
+                       GROUP * b, lo)  # fmt: skip
         else:
             for b in range(nb):
-                q4_dot(acc, codes, q + 64 * b, xq, BLOCK * b, sc, GROUP * b)
+                q4_dot(acc, codes, q + 64 * b, xq, BLOCK * b, sc, GROUP * b, lo)
         row_sums(acc, corr, g, rows, add, out)
 
 
 @kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
-    """matvec.matvec_q4's arguments (and matvec_q5's `bits`), with x rounded to int8."""
+def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out, wide):
+    """matvec.matvec_q4's arguments (and matvec_q5's `bits`), with x rounded to int8
+    (int16 when wide)."""
     x = prologue(x, norm, eps, mode)
-    xq, xd, xsum = quantized(x)
+    xq, xd, xsum, lo = quantized(x, wide)
     m, g, n = spread(out.shape[0])
     for i in prange(m):
         c0, c1 = i * g, min(n, i * g + g)
-        rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out)
+        rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, out)
 
 
 # --- K-quants: simd/kquants.py decodes a super-block of a row into integer codes, scales and
@@ -176,33 +193,34 @@ def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
 
 
 @kernel
-def per16(xq, xd, xd16, xb16):
-    """For x rounded by quantize_x (xq, xd), per 16 values: xd16 their block's scale, xb16
-    the scale times their sum(xq): the operands of the K-quant kernels."""
+def per16(xq, xd, lo, xd16, xb16):
+    """For x rounded by quantize_x (xq, xd, lo), per 16 values: xd16 their block's scale,
+    xb16 the scale times the sum of their integers: the operands of the K-quant kernels."""
     for h in range(xd16.shape[0]):
         s = np.int32(0)
         for j in range(16):
-            s += xq[16 * h + j]
+            q = np.int32(xq[16 * h + j])
+            s += 128 * q + np.int32(xq[lo + 16 * h + j]) if lo else q
         xd16[h] = xd[h // 2]
         xb16[h] = xd[h // 2] * np.float32(s)
 
 
 @kernel(inline=True)
-def k_block(fmt, acc, mins, at, b, o, xq, xo, xd16, xb16, so):
+def k_block(fmt, acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo):
     if fmt == Q2_K:
-        k_block_q2(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+        k_block_q2(acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo)
     elif fmt == Q3_K:
-        k_block_q3(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+        k_block_q3(acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo)
     elif fmt == Q4_K:
-        k_block_q4(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+        k_block_q4(acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo)
     elif fmt == Q5_K:
-        k_block_q5(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+        k_block_q5(acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo)
     else:
-        k_block_q6(acc, mins, at, b, o, xq, xo, xd16, xb16, so)
+        k_block_q6(acc, mins, at, b, o, xq, xo, xd16, xb16, so, lo)
 
 
 @kernel
-def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, c0, c1, add, out):
+def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, c0, c1, add, out):
     """ggml.rows_ggml's layout for the K-quants, on x as quantize_x and per16 give it;
     chunks c0:c1"""
     groups, nblocks = blocks.shape[0], blocks.shape[1] // (GROUP * nbytes)
@@ -216,25 +234,26 @@ def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, c0, c1, add, out):
         for blk in range(nblocks):
             for i in range(GROUP):
                 o = (GROUP * blk + i) * nbytes
-                k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk)
+                k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk, lo)
         for i in range(min(GROUP, rows - GROUP * g)):
             s = lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i)
             put(out, GROUP * g + i, s, add)
 
 
 @kernel(inline=True)
-def quantized16(x):
-    xq, xd, _ = quantized(x)
+def quantized16(x, wide):
+    xq, xd, _, lo = quantized(x, wide)
     xd16, xb16 = np.empty(x.shape[0] // 16, np.float32), np.empty(x.shape[0] // 16, np.float32)
-    per16(xq, xd, xd16, xb16)
-    return xq, xd16, xb16
+    per16(xq, xd, lo, xd16, xb16)
+    return xq, xd16, xb16, lo
 
 
 @kernel(parallel=True)
-def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out):
-    """ggml.matvec_ggml's arguments and layout for the K-quants, with x rounded to int8."""
+def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out, wide):
+    """ggml.matvec_ggml's arguments and layout for the K-quants, with x rounded to int8
+    (int16 when wide)."""
     x = prologue(x, norm, eps, mode)
-    xq, xd16, xb16 = quantized16(x)
+    xq, xd16, xb16, lo = quantized16(x, wide)
     m, g, n = spread(out.shape[0])
     for i in prange(m):
-        rows_k(blocks, fmt, nbytes, xq, xd16, xb16, i * g, min(n, i * g + g), add, out)
+        rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, i * g, min(n, i * g + g), add, out)

@@ -107,11 +107,11 @@ def operand(rows, p, j, dtype):
 def scratch(n):
     """A thread's buffers for the vector a product multiplies (at most n values), as each
     kind of table row reads it: h (the prologue's output), then xa, xb, xs, x16 (float
-    q4 / q5: matvec.nibble_operands, five_operands), xq, xd, xsum (int8: quantize_x) and
-    xd16, xb16 (K-quants with int8: per16)."""
+    q4 / q5: matvec.nibble_operands, five_operands), xq (x's integers: 2 n, room for the
+    low bytes of int16), xd, xsum (intdot.quantize_x) and xd16, xb16 (K-quants: per16)."""
     f32 = np.float32
     return (np.empty(n, f32), np.empty(n // 2, f32), np.empty(n // 2, f32),
-            np.empty(n // 32, f32), np.empty(n, f32), np.empty(n, np.int8),
+            np.empty(n // 32, f32), np.empty(n, f32), np.empty(2 * n, np.int8),
             np.empty(n // 32, f32), np.empty(n // 32, np.int32), np.empty(n // 16, f32),
             np.empty(n // 16, f32))  # fmt: skip
 
@@ -129,14 +129,21 @@ def head(x, norm, eps, mode, h):
 
 
 @kernel(inline=True)
-def prepare(rows, p0, p1, v, buf, int8):
-    """Fill the buffers that the kinds of table rows p0:p1 read v (n,) through."""
+def low_at(xq, ints):
+    """Where x's low bytes lie in the buffer xq: half-way when x is int16, else 0."""
+    return xq.shape[0] // 2 if ints == 16 else 0
+
+
+@kernel(inline=True)
+def prepare(rows, p0, p1, v, buf, ints):
+    """Fill the buffers that the kinds of table rows p0:p1 read v (n,) through. ints: the
+    bits of x's integers in quantized products (8, 16; 0: float32)."""
     n = v.shape[0]
     _, xa, xb, xs, x16, xq, xd, xsum, xd16, xb16 = buf
     nibbles = five = quantize = k = False
     for p in range(p0, p1):
         kind = rows[p, KIND]
-        if int8 and kind >= Q8_0:
+        if ints and kind >= Q8_0:
             quantize = True
             k |= kind == KQUANT
         else:
@@ -147,16 +154,17 @@ def prepare(rows, p0, p1, v, buf, int8):
     if five:
         matvec.five_operands(v, x16[:n])
     if quantize:
-        intdot.quantize_x(v, xq[:n], xd[: n // 32], xsum[: n // 32])
+        intdot.quantize_x(v, xq, xd[: n // 32], xsum[: n // 32], low_at(xq, ints))
     if k:
-        intdot.per16(xq[:n], xd[: n // 32], xd16[: n // 16], xb16[: n // 16])
+        intdot.per16(xq, xd[: n // 32], low_at(xq, ints), xd16[: n // 16], xb16[: n // 16])
 
 
 @kernel(inline=True)
-def run_rows(rows, factors, p, v, buf, c0, c1, add, out, int8):
+def run_rows(rows, factors, p, v, buf, c0, c1, add, out, ints):
     """Chunks c0:c1 of out (=, or += when add) W_p @ v by W_p's own rows_ function, on v
-    as `prepare` left it in buf; x multiplied as int8 when `int8` and W_p is quantized."""
+    as `prepare` left it in buf; x multiplied as integers when `ints` and W_p is quantized."""
     _, xa, xb, xs, x16, xq, xd, xsum, xd16, xb16 = buf
+    lo = low_at(xq, ints)
     kind = rows[p, KIND]
     if kind == F32:
         matvec.rows_f32(operand(rows, p, 0, np.float32), v, c0, c1, add, out)
@@ -168,22 +176,22 @@ def run_rows(rows, factors, p, v, buf, c0, c1, add, out, int8):
             matvec.rows_bf16(bits, v, c0, c1, add, out)
     elif kind == KQUANT:
         blocks, code, nb = operand(rows, p, 0, np.uint8), rows[p, CODE], rows[p, NBYTES]
-        if int8:
-            intdot.rows_k(blocks, code, nb, xq, xd16, xb16, c0, c1, add, out)
+        if ints:
+            intdot.rows_k(blocks, code, nb, xq, xd16, xb16, lo, c0, c1, add, out)
         else:
             ggml.rows_ggml(blocks, code, nb, rows[p, WEIGHTS], v, c0, c1, add, out)
     else:
         codes, scales = operand(rows, p, 0, np.uint8), operand(rows, p, 1, np.uint16)
         if kind == Q8_0:
-            if int8:
-                intdot.rows_q8_0(codes, scales, xq, xd, xsum, c0, c1, add, out)
+            if ints:
+                intdot.rows_q8_0(codes, scales, xq, xd, xsum, lo, c0, c1, add, out)
             else:
                 matvec.rows_q8_0(codes, scales, v, c0, c1, add, out)
             return
         mins, factor = operand(rows, p, 2, np.uint16), factors[p]
         bits = operand(rows, p, 3, np.uint32)
-        if int8:
-            intdot.rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, c0, c1, add, out)
+        if ints:
+            intdot.rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, out)
         elif kind == Q4:
             matvec.rows_q4(codes, scales, mins, factor, xa, xb, xs, c0, c1, add, out)
         else:
@@ -202,7 +210,7 @@ def chunks(rows, p0, p1):
 
 
 @kernel(inline=True)
-def stack_rows(rows, factors, p0, p1, v, buf, c0, c1, add, out, bias, int8):
+def stack_rows(rows, factors, p0, p1, v, buf, c0, c1, add, out, bias, ints):
     """Chunks c0:c1 of the product of the stack p0:p1 (`chunks` numbers them part after
     part), then `bias` (empty: none) added to the rows they wrote."""
     first, r0 = 0, 0
@@ -210,7 +218,7 @@ def stack_rows(rows, factors, p0, p1, v, buf, c0, c1, add, out, bias, int8):
         n = rows[p, ROWS]
         a, b = max(c0 - first, 0), min(c1 - first, -(-n // CHUNK))
         if a < b:
-            run_rows(rows, factors, p, v, buf, a, b, add, out[r0 : r0 + n], int8)
+            run_rows(rows, factors, p, v, buf, a, b, add, out[r0 : r0 + n], ints)
             for r in range(r0 + a * CHUNK, r0 + min(n, b * CHUNK)) if bias.shape[0] else range(0):
                 out[r] += bias[r]
         first, r0 = first + -(-n // CHUNK), r0 + n
@@ -218,7 +226,7 @@ def stack_rows(rows, factors, p0, p1, v, buf, c0, c1, add, out, bias, int8):
 
 @kernel
 def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias, buf,
-            int8):  # fmt: skip
+            ints):  # fmt: skip
     """Phase k: out (=, or += when add) W @ prologue(x) (+ bias) for W the stack p0:p1,
     by chunks taken from the phase's counter; every thread that takes one runs the
     prologue into its own buffers first (the same arithmetic on each, so the same bits)."""
@@ -228,10 +236,10 @@ def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, ou
     finished = 0
     if c < n:
         v = head(x, norm, eps, mode, buf[0])
-        prepare(rows, p0, p1, v, buf, int8)
+        prepare(rows, p0, p1, v, buf, ints)
         while c < n:
             c1 = min(n, c + grain)
-            stack_rows(rows, factors, p0, p1, v, buf, c, c1, add, out, bias, int8)
+            stack_rows(rows, factors, p0, p1, v, buf, c, c1, add, out, bias, ints)
             finished += c1 - c
             c = take(sync, k, grain, n)
     finish(sync, k, finished, n)
@@ -279,7 +287,7 @@ PHASES = 5  # per layer: qkv, attention, o, gate_up, down
 
 @kernel
 def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
-           kv_at, slot, n_keys, int8, qkv, gate_up, top, total, part, run):  # fmt: skip
+           kv_at, slot, n_keys, ints, qkv, gate_up, top, total, part, run):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
     n = max(x.shape[0], gate_up.shape[0] // 2, part.shape[0] * part.shape[2])
     buf, att = scratch(n), np.empty(part.shape[0] * part.shape[2], np.float32)
@@ -287,22 +295,22 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, 
     for i in range(plan.shape[0]):
         p, k = plan[i], PHASES * i
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM,
-                False, qkv, biases[i], buf, int8)  # fmt: skip
+                False, qkv, biases[i], buf, ints)  # fmt: skip
         kk = at_addresses(keys, kv_at[i, :nk])
         vv = at_addresses(values, kv_at[i, nk:])
         attend(sync, k + 1, qkv, cos, sin, kk, vv, slot, n_keys, run, top, total, part)
         attention.combine(top, total, part, att)
         product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, NO_NORM, eps, PLAIN,
-                True, x, none, buf, int8)  # fmt: skip
+                True, x, none, buf, ints)  # fmt: skip
         product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
-                False, gate_up, none, buf, int8)  # fmt: skip
+                False, gate_up, none, buf, ints)  # fmt: skip
         product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, NO_NORM, eps,
-                SWIGLU, True, x, none, buf, int8)  # fmt: skip
+                SWIGLU, True, x, none, buf, ints)  # fmt: skip
 
 
 @kernel(parallel=True)
 def decode_blocks(x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values, kv_at,
-                  slot, n_keys, int8, threads):  # fmt: skip
+                  slot, n_keys, ints, threads):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
     plan (L, 4, 2): per layer, the table rows of its products qkv, o, gate_up and down;
     norms (L, 2, dim): the attention and MLP norms; biases (L, qkv rows) or (L, 0);
@@ -319,7 +327,7 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, cos, sin, keys, va
     sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
     for _ in prange(threads):
         member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
-               kv_at, slot, n_keys, int8, qkv, gate_up, top, total, part, run)  # fmt: skip
+               kv_at, slot, n_keys, ints, qkv, gate_up, top, total, part, run)  # fmt: skip
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
@@ -334,4 +342,4 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     cos = np.ones(hd // 2, np.float32)
     decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
                   np.ones((1, 2, dim), np.float32), np.zeros((1, 0), np.float32),
-                  np.float32(1e-5), cos, cos * 0, keys, values, kv_at, 0, 1, False, 1)  # fmt: skip
+                  np.float32(1e-5), cos, cos * 0, keys, values, kv_at, 0, 1, 0, 1)  # fmt: skip

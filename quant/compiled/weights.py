@@ -10,7 +10,7 @@ with the NumPy backend; these classes say how the bytes lie in memory:
   q8_0, 4.5 for q4_0, ...). A row count that is not a multiple of 4 is padded with zero
   rows, and `nbytes` counts them: the kernel reads them.
 
-Decode calls one parallel kernel per matrix, with x in float32 or rounded to int8
+Decode calls one parallel kernel per matrix, with x in float32 or rounded to int8 or int16
 (`dot`, the backend's choice). A batch of up to BATCH vectors runs the batched kernels;
 a longer prompt dequantizes panels of rows into a float32 buffer and multiplies them
 with BLAS: it is compute-bound, and sgemm is the fastest matrix product NumPy has.
@@ -36,6 +36,9 @@ PANEL_WEIGHTS = 1 << 20
 # Up to this many vectors (a batch of sequences' decode step, a short prompt) a product runs
 # the parallel batched kernels (matmat.py); more run dequantized panels through BLAS sgemm.
 BATCH = 64
+# The `dot`s that multiply a quantized format's codes by x's integers (intdot.py): x
+# rounded to int8 (llama.cpp's activations) or to int16 (two int8 halves).
+INTEGER = ("int8", "int16")
 
 
 def to_groups(a: np.ndarray, per_block: int) -> np.ndarray:
@@ -67,8 +70,8 @@ class CompiledMatrix:
 
     `matvec_into(x, out, norm, eps, mode, add, dot)` is one kernel: out (=, or += when
     add) W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue), and
-    x multiplied as float32 or, for the quantized formats, rounded to int8 per block of 32
-    (dot "int8": intdot.py)."""
+    x multiplied as float32 or, for the quantized formats, rounded to int8 or int16 per
+    block of 32 (dot "int8", "int16": intdot.py)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
 
@@ -178,8 +181,11 @@ class CQ8_0Weight(GroupedWeight):
                         from_groups(self.codes, rows, 32))  # fmt: skip
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        kernel = intdot.matvec_q8_0 if dot == "int8" else matvec.matvec_q8_0
-        kernel(self.codes, self.scales, x, norm, eps, mode, add, out)
+        if dot in INTEGER:
+            intdot.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out,
+                               dot == "int16")  # fmt: skip
+        else:
+            matvec.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
 
     def operands(self) -> Operands:
         return Operands(layers.Q8_0, self.shape[0], (self.codes, self.scales))
@@ -235,9 +241,9 @@ class NibbleGroups(GroupedWeight):
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         mins, factor = self.mins_factor
-        if dot == "int8":
+        if dot in INTEGER:
             intdot.matvec_q4(self.codes, self.scales, mins, factor, self.fifth_bits, x, norm,
-                             eps, mode, add, out)  # fmt: skip
+                             eps, mode, add, out, dot == "int16")  # fmt: skip
         elif self.bits is None:
             matvec.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
         else:
@@ -300,8 +306,9 @@ class KGroups(GroupedWeight):
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         n, w = self.layout.nbytes, self.layout.weights
-        if dot == "int8":
-            intdot.matvec_k(self.blocks, self.code, n, x, norm, eps, mode, add, out)
+        if dot in INTEGER:
+            intdot.matvec_k(self.blocks, self.code, n, x, norm, eps, mode, add, out,
+                            dot == "int16")  # fmt: skip
         else:
             ggml.matvec_ggml(self.blocks, self.code, n, w, x, norm, eps, mode, add, out)
 

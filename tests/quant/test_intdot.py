@@ -1,7 +1,8 @@
-"""The int8-activation kernels (quant.compiled.intdot) against the NumPy reference of the
-same integer arithmetic (quant.intdot): the rounding of x bit for bit, the products
-exactly where no float rounding intervenes, and the float-activation kernels within the
-bound x's rounding allows. On both instruction paths (VNNI and AVX2), odd shapes."""
+"""The integer-activation kernels (quant.compiled.intdot), x rounded to int8 or to int16,
+against the NumPy reference of the same integer arithmetic (quant.intdot): the rounding of
+x bit for bit, the products exactly where no float rounding intervenes, and the
+float-activation kernels within the bound x's rounding allows. On both instruction paths
+(VNNI and AVX2), odd shapes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from quant.compiled.ops import NORM, SWIGLU, prepare
 from quant.ggml import LAYOUTS, assemble, random_blocks
 
 FMTS = intdot.INT8_FORMATS
+BITS = {"int8": 8, "int16": 16}  # the integer dots and the bits of x's integers
 # rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks (of 32 or of 256)
 SHAPES = [(1, 1), (3, 3), (4, 1), (5, 10), (17, 3), (33, 10), (70, 5)]
 
@@ -76,8 +78,10 @@ def exact_case(fmt: str, shape: tuple[int, int], rng: np.random.Generator):
     return w, x / np.float32(8)
 
 
-def test_x_rounds_as_the_reference():
-    """quantize_x bit for bit: ties, zero blocks, tiny and huge blocks, odd lengths."""
+@pytest.mark.parametrize("dot", BITS)
+def test_x_rounds_as_the_reference(dot):
+    """quantize_x bit for bit: ties, zero blocks, tiny and huge blocks, odd lengths; int16
+    as its two int8 halves, the high one within -127..127, the low one -64..63."""
     rng = np.random.default_rng(0)
     for nb in (1, 3, 17, 80):
         x = (rng.standard_normal(32 * nb) * 10.0 ** rng.integers(-20, 20, 32 * nb)).astype(
@@ -88,50 +92,75 @@ def test_x_rounds_as_the_reference():
             x[32:64] = 0
         if nb > 2:
             x[64:96] = np.float32(127) * (np.arange(32) % 5 - 2) / 2  # exact ties: 63.5 ...
-        xq, xd, xs = np.empty(32 * nb, np.int8), np.empty(nb, np.float32), np.empty(nb, np.int32)
-        kernels.quantize_x(x, xq, xd, xs)
-        rq, rd, rs = intdot.quantize_x(x)
-        assert np.array_equal(xq, rq.ravel()) and np.array_equal(xd, rd)
+        n, wide = 32 * nb, dot == "int16"
+        xq, xd, xs = np.empty(2 * n, np.int8), np.empty(nb, np.float32), np.empty(nb, np.int32)
+        kernels.quantize_x(x, xq, xd, xs, n if wide else 0)
+        rq, rd, rs = intdot.quantize_x(x, BITS[dot])
+        high, low = xq[:n].astype(np.int32), xq[n:].astype(np.int32)
+        got = 128 * high + low if wide else high
+        assert np.array_equal(got, rq.ravel()) and np.array_equal(xd, rd)
         assert np.array_equal(xs, rs)
+        if wide:
+            assert np.abs(high).max() <= 127 and low.min() >= -64 and low.max() <= 63
+            assert np.abs(rq).max() == 16256  # the largest |x| of a block, exactly
 
 
+@pytest.mark.parametrize("dot", BITS)
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_integer_kernel_equals_the_reference_exactly(fmt, shape):
+def test_integer_kernel_equals_the_reference_exactly(fmt, shape, dot):
+    """x's scale is 1/8 (int8) or 1/1024 (int16): x rounds to itself either way."""
     shape = shape_for(fmt, shape)
     rng = np.random.default_rng(shape[0] * shape[1])
     for _ in range(3):
         w, x = exact_case(fmt, shape, rng)
-        ref = intdot.matvec(fmt, w.to_blocks(), x)
-        got = w.matvec(x, dot="int8")
+        ref = intdot.matvec(fmt, w.to_blocks(), x, BITS[dot])
+        got = w.matvec(x, dot=dot)
         assert np.array_equal(got, ref), np.abs(got - ref).max()
         base = rng.integers(-5, 5, shape[0]).astype(np.float32)
         out = base.copy()
-        w.matvec_into(x, out, add=True, dot="int8")  # the residual epilogue
+        w.matvec_into(x, out, add=True, dot=dot)  # the residual epilogue
         assert np.array_equal(out, base + ref)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+def test_int16_kernel_equals_the_reference_on_rounded_x(fmt):
+    """Random x that int16 really rounds (every code of the low byte taken): the kernel's
+    integer sums are the reference's, so within float32 reordering of the block sums."""
+    shape = shape_for(fmt, (37, 7))
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape[1]) * np.exp(rng.standard_normal(shape[1]))).astype(np.float32)
+    w = random_weight(FORMATS[fmt], shape, rng)
+    ref, got = intdot.matvec(fmt, w.to_blocks(), x, 16), w.matvec(x, dot="int16")
+    scale = np.abs(w.dequantize()) @ np.abs(x)
+    assert (np.abs(got - ref) <= 1e-5 * scale).all()
+    assert not np.array_equal(got, w.matvec(x, dot="int8"))
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape):
-    """|y_int8 - y_f32| <= sum over blocks of max|x_b| / 254 * sum |w| over the block: x
-    rounded to int8 moves each value by at most half its block's step (max|x_b| / 127 / 2),
-    plus float32 rounding of both sums."""
+def test_integer_kernel_within_x_rounding_of_the_float_kernel(fmt, shape, dot):
+    """|y_int - y_f32| <= sum over blocks of max|x_b| / (2 top) * sum |w| over the block: x
+    rounded moves each value by at most half its block's step (max|x_b| / top, top 127 for
+    int8, 16256 for int16), plus float32 rounding of both sums."""
     shape = shape_for(fmt, shape)
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(shape[1]) * np.exp(rng.standard_normal(shape[1]))).astype(np.float32)
     f = random_weight(FORMATS[fmt], shape, rng)
-    y_f, y_i = f.matvec(x), f.matvec(x, dot="int8")
+    y_f, y_i = f.matvec(x), f.matvec(x, dot=dot)
     W = np.abs(f.dequantize().astype(np.float64)).reshape(shape[0], -1, 32)
-    step = np.abs(x.astype(np.float64)).reshape(-1, 32).max(axis=1) / 254
+    top = float(intdot.TOPS[BITS[dot]])
+    step = np.abs(x.astype(np.float64)).reshape(-1, 32).max(axis=1) / (2 * top)
     bound = (W.sum(axis=2) * step).sum(axis=1)
     slop = 1e-5 * (W.reshape(shape[0], -1) @ np.abs(x.astype(np.float64)))
     assert (np.abs(y_i - y_f) <= bound + slop).all()
     assert not np.array_equal(y_i, y_f)  # x really was rounded
 
 
+@pytest.mark.parametrize("dot", BITS)
 @pytest.mark.parametrize("fmt", FMTS)
-def test_prologues_are_the_float_kernels(fmt):
+def test_prologues_are_the_float_kernels(fmt, dot):
     """RMSNorm and SwiGLU before the product run the same code as the float kernels'."""
     rng = np.random.default_rng(3)
     cols = shape_for(fmt, (9, 3))[1]
@@ -140,16 +169,17 @@ def test_prologues_are_the_float_kernels(fmt):
     for mode, x in ((NORM, rng.standard_normal(cols)), (SWIGLU, rng.standard_normal(2 * cols))):
         x = x.astype(np.float32)
         fused, plain = np.empty(9, np.float32), np.empty(9, np.float32)
-        w.matvec_into(x, fused, norm, eps, mode, dot="int8")
-        w.matvec_into(prepare(x, norm, eps, mode), plain, dot="int8")
+        w.matvec_into(x, fused, norm, eps, mode, dot=dot)
+        w.matvec_into(prepare(x, norm, eps, mode), plain, dot=dot)
         assert np.array_equal(fused, plain)
 
 
 def test_every_quantized_format_has_an_integer_kernel():
-    """The int8 backend is the compiled one with another `dot`; every format the compiled
-    backend quantizes with has an integer kernel (the others are floats)."""
-    b = numba_backend("int8")
-    assert b.dot == "int8" and b.formats is numba_backend("f32").formats is FORMATS
+    """The integer backends are the compiled one with another `dot`; every format the
+    compiled backend quantizes with has an integer kernel (the others are floats)."""
+    for dot in BITS:
+        b = numba_backend(dot)
+        assert b.dot == dot and b.formats is numba_backend("f32").formats is FORMATS
     assert set(FMTS) == {f for f in FORMATS if f not in ("f32", "f16", "bf16")}
 
 
@@ -165,20 +195,21 @@ PATH_SCRIPT = textwrap.dedent(
     path, run = sys.argv[1], sys.argv[2] == "run"
     assert simd.DOT_INSTRUCTION == path, simd.DOT_INSTRUCTION
     if run:
-        t.test_x_rounds_as_the_reference()
-        for fmt in t.FMTS:
-            for shape in t.SHAPES:
-                t.test_integer_kernel_equals_the_reference_exactly(fmt, shape)
+        for dot in t.BITS:
+            t.test_x_rounds_as_the_reference(dot)
+            for fmt in t.FMTS:
+                for shape in t.SHAPES:
+                    t.test_integer_kernel_equals_the_reference_exactly(fmt, shape, dot)
     w = FORMATS["q4_1"].from_float(np.ones((4, 256), np.float32))
     x, out = np.ones(256, np.float32), np.empty(4, np.float32)
     mins, factor = w.mins_factor
     bits = np.empty((1, 0), np.uint32)
-    args = (w.codes, w.scales, mins, factor, bits, x, x, np.float32(0), 0, False, out)
+    args = (w.codes, w.scales, mins, factor, bits, x, x, np.float32(0), 0, False, out, True)
     sig = tuple(numba.typeof(a) for a in args)
     intdot.matvec_q4.compile(sig)
     print(intdot.matvec_q4.inspect_asm(sig))
     w = t.random_weight(FORMATS["q4_k"], (4, 256), np.random.default_rng(0))
-    args = (w.blocks, w.code, 144, x, x, np.float32(0), 0, False, out)
+    args = (w.blocks, w.code, 144, x, x, np.float32(0), 0, False, out, True)
     sig = tuple(numba.typeof(a) for a in args)
     intdot.matvec_k.compile(sig)
     print(intdot.matvec_k.inspect_asm(sig))

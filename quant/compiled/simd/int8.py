@@ -16,6 +16,12 @@ from, by CPU:
 - neither (a portable build, NUMBA_CPU_NAME=x86-64): the same sums in plain LLVM integer
   vector code, which LLVM lowers to what the target has.
 
+x rounded to int16 instead (dot "int16": v = rint(x 16256 / max|x|) per block) goes in as
+two byte vectors, v = 128 h + l (h in -127..127, l in -64..63, intdot.quantize_x), each
+multiplied by the same codes: (c . h) << 7 + (c . l) = c . v, exact in int32. Every
+intrinsic here takes `lo`, where x's low bytes lie after its high ones (0: x is int8,
+no low bytes); the kernels branch on it once per block.
+
 """
 
 from __future__ import annotations
@@ -128,6 +134,32 @@ def _accumulate(builder, context, sig, args, lanes, scale):
     )
 
 
+def with_low(builder, lo, lanes, low):
+    """lanes, the dot products with x's high bytes; where lo != 0 (x rounded to int16),
+    (lanes << 7) + low(), low() computing the same with x's low bytes, lo bytes on."""
+    before = builder.block
+    with builder.if_then(builder.icmp_signed("!=", lo, ir.Constant(lo.type, 0)), likely=True):
+        both = builder.add(builder.shl(lanes, ir.Constant(I32x16, [7] * 16)), low())
+        wide = builder.block
+    merged = builder.phi(I32x16)
+    merged.add_incoming(lanes, before)
+    merged.add_incoming(both, wide)
+    return merged
+
+
+def _x_at(builder, context, sig, args, k: int, at: int, lo):
+    """Pointers to x's high bytes xq[args[at]:] and its low bytes lo further on."""
+    ary = context.make_array(sig.args[k])(context, builder, args[k])
+    high = builder.gep(ary.data, [args[at]])
+    return high, builder.gep(high, [lo])
+
+
+def _bytes_at(builder, ptr, n: int, offset: int = 0):
+    if offset:
+        ptr = builder.gep(ptr, [ir.Constant(I32, offset)])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(I8, n).as_pointer()), align=1)
+
+
 def _splat_i32(builder, v):
     one = builder.insert_element(
         ir.Constant(ir.VectorType(I32, 1), ir.Undefined), v, ir.Constant(I32, 0)
@@ -136,24 +168,33 @@ def _splat_i32(builder, v):
 
 
 @intrinsic
-def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd):
+def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd, lo):
     """acc[0:16] += (the dot products of one q8_0 block of 4 grouped rows, codes[co:co +
-    128] (uint8 holding int8, row after row), with xq[xo:xo + 32]) in 4 lanes per row,
-    times scales[so + row] (float16 bits) * xd. xsum: the block's sum of xq (int32).
+    128] (uint8 holding int8, row after row), with x's block at xq[xo:xo + 32] (and its
+    low bytes lo on: module docstring)) in 4 lanes per row, times scales[so + row]
+    (float16 bits) * xd. xsum: the block's sum of x's integers (int32).
     Two dot_i8 (rows 0-1, rows 2-3), then their 8 lanes per row folded to 4."""
 
     def codegen(context, builder, sig, args):
-        x = _repeat(builder, _load(builder, context, sig, args, 3, 4, ir.VectorType(I8, 32)), 2)
+        lo = args[9]
+        high, low = _x_at(builder, context, sig, args, 3, 4, lo)
         first = _load(builder, context, sig, args, 1, 2, I8x64)
         ary = context.make_array(sig.args[1])(context, builder, args[1])
         ptr = builder.gep(ary.data, [builder.add(args[2], ir.Constant(args[2].type, 64))])
         second = builder.load(builder.bitcast(ptr, I8x64.as_pointer()), align=1)
-        a, b = dot_i8(builder, first, x), dot_i8(builder, second, x)  # rows 0,1 | 2,3
-        lo = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
-        hi = [j + 4 for j in lo]
+
+        def dots(at):
+            x = _repeat(builder, _bytes_at(builder, at, 32), 2)
+            return dot_i8(builder, first, x), dot_i8(builder, second, x)  # rows 0,1 | 2,3
+
+        a, b = dots(high)
+        a = with_low(builder, lo, a, lambda: dots(low)[0])
+        b = with_low(builder, lo, b, lambda: dots(low)[1])
+        lo_lanes = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
+        hi_lanes = [j + 4 for j in lo_lanes]
         pick = ir.VectorType(I32, 16)
-        lanes = builder.add(builder.shuffle_vector(a, b, ir.Constant(pick, lo)),
-                            builder.shuffle_vector(a, b, ir.Constant(pick, hi)))  # fmt: skip
+        lanes = builder.add(builder.shuffle_vector(a, b, ir.Constant(pick, lo_lanes)),
+                            builder.shuffle_vector(a, b, ir.Constant(pick, hi_lanes)))  # fmt: skip
         if VNNI:  # each row counted 128 sum(x) too: 32 sum(x) per lane
             bias = builder.mul(args[5], ir.Constant(I32, 32))
             lanes = builder.sub(lanes, _splat_i32(builder, bias))
@@ -161,9 +202,8 @@ def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd):
             builder, context, sig, args, lanes, _scales(builder, context, sig, args, 6, 7, args[8])
         )
 
-    sig = types.void(
-        acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp, types.float32
-    )
+    sig = types.void(acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp,
+                     types.float32, types.intp)  # fmt: skip
     return sig, codegen
 
 
@@ -209,39 +249,43 @@ def _nibble_dot(builder, context, sig, args, five: bool):
         low = builder.or_(low, _fifth_bits(builder, context, sig, args, 3, 4, False))
         high = builder.or_(high, _fifth_bits(builder, context, sig, args, 3, 4, True))
         k = 5
-    ary = context.make_array(sig.args[k])(context, builder, args[k])
-    at = builder.gep(ary.data, [args[k + 1]])
-    x16 = ir.VectorType(I8, 16).as_pointer()
-    xlo = builder.load(builder.bitcast(at, x16), align=1)
-    xhi = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(I32, 16)]), x16), align=1)
-    lanes = dot_u8_add(builder, dot_u8(builder, low, _repeat(builder, xlo, 4)), high,
-                       _repeat(builder, xhi, 4))  # fmt: skip
+    lo = args[k + 4]
+    x_high, x_low = _x_at(builder, context, sig, args, k, k + 1, lo)
+
+    def dots(at):  # elements 0-15 by the low nibbles, 16-31 by the high ones
+        first = _repeat(builder, _bytes_at(builder, at, 16), 4)
+        second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
+        return dot_u8_add(builder, dot_u8(builder, low, first), high, second)
+
+    lanes = with_low(builder, lo, dots(x_high), lambda: dots(x_low))
     _accumulate(
         builder, context, sig, args, lanes, _spread(builder, context, sig, args, k + 2, k + 3)
     )
 
 
 @intrinsic
-def q4_dot(typingctx, acc, codes, co, xq, xo, sc, so):
+def q4_dot(typingctx, acc, codes, co, xq, xo, sc, so, lo):
     """acc[0:16] += (the dot products of one 4-bit block of 4 grouped rows, codes[co:co +
     64] (16 bytes a row: element j in the low nibble of byte j, j + 16 in the high one),
-    with xq[xo:xo + 32]) in 4 lanes per row, times sc[so + row] (float32: the block's
-    scale times x's). Codes as stored (0..15): a format's offset or min is the caller's
-    (intdot.rows_q4 adds it once per row, in float)."""
+    with x's block at xq[xo:xo + 32] (and its low bytes lo on)) in 4 lanes per row,
+    times sc[so + row] (float32: the block's scale times x's). Codes as stored (0..15):
+    a format's offset or min is the caller's (intdot.rows_q4 adds it once per row, in
+    float)."""
 
     def codegen(context, builder, sig, args):
         _nibble_dot(builder, context, sig, args, False)
 
-    return types.void(acc, codes, types.intp, xq, types.intp, sc, types.intp), codegen
+    return types.void(acc, codes, types.intp, xq, types.intp, sc, types.intp, types.intp), codegen
 
 
 @intrinsic
-def q5_dot(typingctx, acc, codes, co, bits, bo, xq, xo, sc, so):
+def q5_dot(typingctx, acc, codes, co, bits, bo, xq, xo, sc, so, lo):
     """q4_dot for q5_0 / q5_1: each code's fifth bit from the rows' uint32 words
     bits[bo:bo + 4] (bit j: element j); codes as stored (0..31)."""
 
     def codegen(context, builder, sig, args):
         _nibble_dot(builder, context, sig, args, True)
 
-    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, sc, types.intp)
+    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, sc, types.intp,
+                     types.intp)  # fmt: skip
     return sig, codegen

@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8
+from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8, with_low
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)  # format codes (compiled.ggml.CODES)
 
@@ -137,10 +137,11 @@ DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
 
 def _k_block(fmt: int):
     @intrinsic
-    def k_block(typingctx, acc, mins, at, blocks, bo, xq, xo, xd16, xb16, so):
+    def k_block(typingctx, acc, mins, at, blocks, bo, xq, xo, xd16, xb16, so, lo):
         """acc[at:at + 16] += the D a_s xd_s (c . xq) of one super-block of a row,
-        blocks[bo:bo + nbytes], with xq[xo:xo + 256]; mins[at:at + 16] -= its M b_s xd_s
-        sum(xq_s). xd16[so + s], xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
+        blocks[bo:bo + nbytes], with x's integers at xq[xo:xo + 256] (and their low bytes
+        lo on: int8.py); mins[at:at + 16] -= its M b_s xd_s sum(xq_s). xd16[so + s],
+        xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
 
         def codegen(context, builder, sig, args):
             def ptr(k, at_arg):
@@ -160,14 +161,18 @@ def _k_block(fmt: int):
                 return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, splat))
 
             w = builder.fmul(times(a, d), xd)
-            x = ptr(5, 6)
+            x, lo = ptr(5, 6), args[10]
+            x_low = builder.gep(x, [lo])
             acc_at = lanes(0, 2)
             total = builder.load(acc_at, align=4)
             for v in range(4):
-                xv = _bytes(builder, x, 64 * v, 64)
+
+                def dot(at, v=v):
+                    return dot_u8(builder, codes[v], _bytes(builder, at, 64 * v, 64))
+
+                lanes_v = with_low(builder, lo, dot(x), lambda dot=dot: dot(x_low))
                 wv = _spread(builder, w, [4 * v + lane // 4 for lane in range(16)])
-                product = builder.fmul(builder.sitofp(dot_u8(builder, codes[v], xv), F32x16), wv,
-                                       flags=["contract"])  # fmt: skip
+                product = builder.fmul(builder.sitofp(lanes_v, F32x16), wv, flags=["contract"])
                 total = builder.fadd(total, product, flags=["contract"])
             builder.store(total, acc_at, align=4)
             mins_at = lanes(1, 2)
@@ -177,7 +182,7 @@ def _k_block(fmt: int):
                           mins_at, align=4)  # fmt: skip
 
         sig = types.void(acc, mins, types.intp, blocks, types.intp, xq, types.intp, xd16, xb16,
-                         types.intp)  # fmt: skip
+                         types.intp, types.intp)  # fmt: skip
         return sig, codegen
 
     return k_block

@@ -78,7 +78,7 @@ RUNS = [(case, kv) for case in CASES for kv in ("f32", "f16", "q8_0")
         if kv != "q8_0" or CASES[case][0].head_dim % 32 == 0]  # fmt: skip
 
 
-@pytest.mark.parametrize("kernels", ["numba-f32", "numba-int8"])
+@pytest.mark.parametrize("kernels", ["numba-f32", "numba-int8", "numba-int16"])
 @pytest.mark.parametrize(("case", "kv"), RUNS)
 def test_blocks_in_one_call_equal_call_by_call(case: str, kv: str, kernels: str) -> None:
     model = model_for(case, kernels)
