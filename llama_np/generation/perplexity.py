@@ -7,8 +7,8 @@ is scored, so every scored token sees at least ctx/2 tokens of context.
 `stepwise` runs each window token by token through decode steps instead, as generation
 computes its logits: the same numbers in float arithmetic (up to summation order), and
 the only way to see what the decode kernels change (the integer-activation products of
-`--kernels numba-int16` / `numba-int8` run in decode, not in prefill). `chunks` stops after that many
-windows, as llama.cpp's --chunks.
+`--kernels numba-int16` / `numba-int8` run in decode, not in prefill). `chunks` stops
+after that many windows, as llama.cpp's --chunks.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import llama_np
 from llama_np.cli import main
 from llama_np.errors import UsageError
 from llama_np.generation.batch import BatchStats
-from tests.helpers import build_hf_model, hf_greedy, hf_logits
+from tests.helpers import INT16_WITHIN, build_hf_model, hf_greedy, hf_logits
 
 KERNELS = ["numpy", "numba"]
 PROMPTS = [[256, 5, 9, 77], [256, 3, 2, 8, 4, 4, 1, 60, 61, 62, 30], [256, 11], [256, 2, 2, 3]]
@@ -57,9 +57,11 @@ def test_a_batch_step_equals_each_sequence_alone(models, model, weights, kernels
     with llama_np.load(d, kernels=kernels, weights=weights) as llm:
         together = stepped(llm, PROMPTS, 9, batch=True)
         alone = stepped(llm, PROMPTS, 9, batch=False)
+    # a batch runs float x; a decode step alone numba's default, x rounded to int16
+    within = INT16_WITHIN if kernels == "numba" and weights != "f32" else 1e-5
     for a, b in zip(together, alone, strict=True):
         scale = max(1.0, float(np.abs(b).max()))
-        assert np.abs(a - b).max() <= 1e-5 * scale
+        assert np.abs(a - b).max() <= within * scale
 
 
 def greedy_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -84,9 +84,15 @@ def test_f32_run_matches_transformers(f32, hf_qwen, prompt):
     assert np.abs(f32.logits(seq) - ref_logits).max() < 1e-3
 
 
-def test_native_computes_the_same_model_as_f32(native, f32, prompt):
+# max |logits| difference of decode steps from the f32 run's: numba's default rounds x to
+# int16 in the quantized products (seen: 0.003-0.005 on these prompts, as stored and in
+# q8_0, `scripts/int8_agreement.py --kernels numba-int16`); numpy runs x in float32.
+STEP_WITHIN = {"numpy": 2e-3, "numba": 0.02}
+
+
+def test_native_computes_the_same_model_as_f32(native, f32, prompt, kernels):
     """K-quants and Q5_0 kept as stored: the same greedy tokens as the f32 run, logits
-    within 2e-3, in a batch and token by token."""
+    within 2e-3 in a batch (float x), token by token within x's rounding (STEP_WITHIN)."""
     ids = native.tokenize(prompt)
     a, b = Stats(), Stats()
     native.generate(ids, n_predict=N_GREEDY, temp=0, stats=a)
@@ -96,7 +102,8 @@ def test_native_computes_the_same_model_as_f32(native, f32, prompt):
     assert np.abs(native.logits(seq) - f32.logits(seq)).max() < 2e-3
     cache_a, cache_b = native.new_cache(), f32.new_cache()
     for t in seq[:8]:
-        assert np.abs(native.step(t, cache_a) - f32.step(t, cache_b)).max() < 2e-3
+        diff = np.abs(native.step(t, cache_a) - f32.step(t, cache_b)).max()
+        assert diff < STEP_WITHIN[kernels]
 
 
 TEXTS = [

@@ -91,9 +91,16 @@ def test_f32_run_matches_transformers(f32, hf_smollm2, prompt):
     assert np.abs(ours - ref_logits).max() < 1e-3
 
 
-def test_native_q4_1_computes_the_same_model_as_f32(native, f32, prompt):
+# max |logits| difference of decode steps from the f32 run's: numba's default rounds x to
+# int16 in the quantized products (seen: 0.012-0.017 on these prompts, as stored and in
+# q8_0, `scripts/int8_agreement.py --kernels numba-int16`); numpy runs x in float32.
+STEP_WITHIN = {"numpy": 2e-3, "numba": 0.06}
+
+
+def test_native_q4_1_computes_the_same_model_as_f32(native, f32, prompt, kernels):
     """The Q4_1 model holds the very weights the f32 run holds: same greedy tokens, and
-    logits within 2e-3 on the prompt and the generated sequence."""
+    logits within 2e-3 on the prompt (a batch: float x) and the generated sequence, token
+    by token within x's rounding (STEP_WITHIN)."""
     ids = native.tokenize(prompt)
     a, b = Stats(), Stats()
     native.generate(ids, n_predict=N_GREEDY, temp=0, stats=a)
@@ -103,7 +110,8 @@ def test_native_q4_1_computes_the_same_model_as_f32(native, f32, prompt):
     assert np.abs(native.logits(seq) - f32.logits(seq)).max() < 2e-3
     cache_a, cache_b = native.new_cache(), f32.new_cache()
     for t in seq[:16]:
-        assert np.abs(native.step(t, cache_a) - f32.step(t, cache_b)).max() < 2e-3
+        diff = np.abs(native.step(t, cache_a) - f32.step(t, cache_b)).max()
+        assert diff < STEP_WITHIN[kernels]
 
 
 TEXTS = [
@@ -151,7 +159,7 @@ def test_chat_template_renders_as_transformers(native, hf_smollm2):
     assert ours.endswith("<|im_start|>assistant\n")
 
 
-def test_chat_keeps_the_cache_between_turns(native):
+def test_chat_keeps_the_cache_between_turns(native, kernels):
     session = ChatSession(native, temp=0)
     first = Stats()
     "".join(session.send("Say hello.", n_predict=12, stats=first))
@@ -160,11 +168,12 @@ def test_chat_keeps_the_cache_between_turns(native):
     full = session.prompt_ids()
     assert second.prompt_tokens < len(full) // 2  # only the new turn was prefilled
     assert reply
-    # what the cache holds equals a fresh run over the whole conversation
+    # what the cache holds equals a fresh run over the whole conversation (one prefill in
+    # float x, where the replies' keys came from decode steps: numba's in int16 x)
     cache = native.new_cache()
     native.logits(session.held, cache)
     np.testing.assert_allclose(
         native.step(full[len(session.held)], cache),
         native.step(full[len(session.held)], session.cache),
-        atol=1e-4,
+        atol=1e-4 if kernels == "numpy" else STEP_WITHIN[kernels],
     )
