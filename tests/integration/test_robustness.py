@@ -34,9 +34,13 @@ def test_ten_thousand_tokens_under_a_window_keep_memory_flat(gqa_dir):
 
 
 def _start(args: list[str]) -> subprocess.Popen:
+    """The CLI as a terminal's foreground job runs it: SIGINT at its default, whatever this
+    process inherited (a suite started in the background, `cmd &` without job control,
+    ignores SIGINT, and so would every child: Python then never raises KeyboardInterrupt)."""
     return subprocess.Popen(
         [sys.executable, "-m", "llama_np", *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
