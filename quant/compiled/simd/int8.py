@@ -135,15 +135,19 @@ def _accumulate(builder, context, sig, args, lanes, scale):
 
 
 def with_low(builder, lo, lanes, low):
-    """lanes, the dot products with x's high bytes; where lo != 0 (x rounded to int16),
-    (lanes << 7) + low(), low() computing the same with x's low bytes, lo bytes on."""
+    """lanes (a list of <16 x i32>), the dot products with x's high bytes; where lo != 0
+    (x rounded to int16), each (lanes << 7) + low(), low() computing the same list with
+    x's low bytes, lo bytes on. One branch for the whole list."""
     before = builder.block
     with builder.if_then(builder.icmp_signed("!=", lo, ir.Constant(lo.type, 0)), likely=True):
-        both = builder.add(builder.shl(lanes, ir.Constant(I32x16, [7] * 16)), low())
+        seven = ir.Constant(I32x16, [7] * 16)
+        both = [builder.add(builder.shl(h, seven), l) for h, l in zip(lanes, low(), strict=True)]
         wide = builder.block
-    merged = builder.phi(I32x16)
-    merged.add_incoming(lanes, before)
-    merged.add_incoming(both, wide)
+    merged = []
+    for h, b in zip(lanes, both, strict=True):
+        merged.append(builder.phi(I32x16))
+        merged[-1].add_incoming(h, before)
+        merged[-1].add_incoming(b, wide)
     return merged
 
 
@@ -185,11 +189,9 @@ def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd, lo):
 
         def dots(at):
             x = _repeat(builder, _bytes_at(builder, at, 32), 2)
-            return dot_i8(builder, first, x), dot_i8(builder, second, x)  # rows 0,1 | 2,3
+            return [dot_i8(builder, first, x), dot_i8(builder, second, x)]  # rows 0,1 | 2,3
 
-        a, b = dots(high)
-        a = with_low(builder, lo, a, lambda: dots(low)[0])
-        b = with_low(builder, lo, b, lambda: dots(low)[1])
+        a, b = with_low(builder, lo, dots(high), lambda: dots(low))
         lo_lanes = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
         hi_lanes = [j + 4 for j in lo_lanes]
         pick = ir.VectorType(I32, 16)
@@ -257,7 +259,7 @@ def _nibble_dot(builder, context, sig, args, five: bool):
         second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
         return dot_u8_add(builder, dot_u8(builder, low, first), high, second)
 
-    lanes = with_low(builder, lo, dots(x_high), lambda: dots(x_low))
+    (lanes,) = with_low(builder, lo, [dots(x_high)], lambda: [dots(x_low)])
     _accumulate(
         builder, context, sig, args, lanes, _spread(builder, context, sig, args, k + 2, k + 3)
     )

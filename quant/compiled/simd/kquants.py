@@ -135,6 +135,25 @@ DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
             Q5_K: lambda bd, b: q45_k(bd, b, True), Q6_K: q6_k}  # fmt: skip
 
 
+def _access(context, builder, sig, args):
+    """A K-quant codegen's helpers: ptr(k, at) -> the address of argument k's element
+    args[at]; lanes(k, at) -> the same as a pointer to 16 float32 lanes; times(v, f) ->
+    float(v) * f, for v <16 x i32> and f a float32 scalar."""
+
+    def ptr(k, at_arg):
+        ary = context.make_array(sig.args[k])(context, builder, args[k])
+        return builder.gep(ary.data, [args[at_arg]])
+
+    def lanes(k, at_arg):
+        return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
+
+    def times(v, f):
+        fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
+        return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
+
+    return ptr, lanes, times
+
+
 def _k_block(fmt: int):
     @intrinsic
     def k_block(typingctx, acc, mins, at, blocks, bo, xq, xo, xd16, xb16, so, lo):
@@ -144,35 +163,23 @@ def _k_block(fmt: int):
         xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
 
         def codegen(context, builder, sig, args):
-            def ptr(k, at_arg):
-                ary = context.make_array(sig.args[k])(context, builder, args[k])
-                return builder.gep(ary.data, [args[at_arg]])
-
-            def lanes(k, at_arg):
-                return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
-
+            ptr, lanes, times = _access(context, builder, sig, args)
             codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
             xd = builder.load(lanes(7, 9), align=4)
-            undef = ir.Constant(F32x16, ir.Undefined)
-            splat = [0] * 16
-
-            def times(v, f):  # float(v) * f (a scalar)
-                fv = builder.insert_element(undef, f, ir.Constant(I32, 0))
-                return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, splat))
 
             w = builder.fmul(times(a, d), xd)
             x, lo = ptr(5, 6), args[10]
-            x_low = builder.gep(x, [lo])
+
+            def dots(at):  # the 4 code vectors by their 64 values of x
+                return [dot_u8(builder, c, _bytes(builder, at, 64 * v, 64))
+                        for v, c in enumerate(codes)]  # fmt: skip
+
+            sums = with_low(builder, lo, dots(x), lambda: dots(builder.gep(x, [lo])))
             acc_at = lanes(0, 2)
             total = builder.load(acc_at, align=4)
             for v in range(4):
-
-                def dot(at, v=v):
-                    return dot_u8(builder, codes[v], _bytes(builder, at, 64 * v, 64))
-
-                lanes_v = with_low(builder, lo, dot(x), lambda dot=dot: dot(x_low))
                 wv = _spread(builder, w, [4 * v + lane // 4 for lane in range(16)])
-                product = builder.fmul(builder.sitofp(lanes_v, F32x16), wv, flags=["contract"])
+                product = builder.fmul(builder.sitofp(sums[v], F32x16), wv, flags=["contract"])
                 total = builder.fadd(total, product, flags=["contract"])
             builder.store(total, acc_at, align=4)
             mins_at = lanes(1, 2)
@@ -202,19 +209,8 @@ def _k_block_f32(fmt: int):
         decoded in registers as for int8 x (DECODERS), then widened to float."""
 
         def codegen(context, builder, sig, args):
-            def ptr(k, at_arg):
-                ary = context.make_array(sig.args[k])(context, builder, args[k])
-                return builder.gep(ary.data, [args[at_arg]])
-
-            def lanes(k, at_arg):
-                return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
-
+            ptr, lanes, times = _access(context, builder, sig, args)
             codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
-            undef = ir.Constant(F32x16, ir.Undefined)
-
-            def times(v, f):  # float(v) * f (a scalar)
-                fv = builder.insert_element(undef, f, ir.Constant(I32, 0))
-                return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
 
             w = times(a, d)
             x = builder.bitcast(ptr(5, 6), ir.FloatType().as_pointer())
