@@ -125,6 +125,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.runner import Settings, run
     from llama_np.model.decoder import Decoder
 
+    warmup = Settings.warmup
+    if args.n_predict <= warmup:
+        raise UsageError(f"bench times the decode steps after the first {warmup} (warm-up): "
+                         f"give -n of at least {warmup + 1}")  # fmt: skip
     threads = args.threads or usable_cores()
     device = device_of(args)
     with bench_model(args, threads) as model:

@@ -124,6 +124,7 @@ def test_help_documents_every_flag_with_its_default():
         ),
         (["bench", "-m", "{model}", "--batch", "0,4"], 2, "batch sizes must be 1..4096"),
         (["bench", "-m", "{model}", "--batch", "x"], 2, "comma-separated integers"),
+        (["bench", "-m", "{model}", "-n", "2"], 2, "give -n of at least 3"),
         (["sol", "--config", "llama-2-7b", "--batch", "0"], 2, "--batch"),
     ],
 )
