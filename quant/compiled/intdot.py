@@ -37,7 +37,7 @@ from .ops import prologue
 from .simd.int8 import q4_dot, q5_dot, q8_block
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 from .simd.lanes import fma16_f16v, mul16_f16v, zero16
-from .simd.scalar import f16, row, stack_f32
+from .simd.scalar import ahead, f16, row, stack_f32
 
 BLOCK = 32
 
@@ -101,6 +101,7 @@ def rows_q8_0(codes, scales, xq, xd, xsum, lo, c0, c1, add, out):
         zero16(acc, 0)
         q, s = row(codes, g), row(scales, g)
         for b in range(nb):
+            ahead(q, 128 * b, 128)
             q8_block(acc, q, 128 * b, xq, BLOCK * b, xsum[b], s, GROUP * b, xd[b], lo)
         row_sums(acc, none, g, rows, add, out)
 
@@ -168,10 +169,12 @@ def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, ou
         q, w = g * codes.shape[1], g * bits.shape[1]
         if five:
             for b in range(nb):
+                ahead(codes, q + 64 * b, 64)
                 q5_dot(acc, codes, q + 64 * b, bits, w + GROUP * b, xq, BLOCK * b, sc,
                        GROUP * b, lo)  # fmt: skip
         else:
             for b in range(nb):
+                ahead(codes, q + 64 * b, 64)
                 q4_dot(acc, codes, q + 64 * b, xq, BLOCK * b, sc, GROUP * b, lo)
         row_sums(acc, corr, g, rows, add, out)
 
