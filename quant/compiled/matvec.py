@@ -105,9 +105,7 @@ def matvec_f32(w, x, norm, eps, mode, add, out):
 @kernel
 def rows_f16(bits, x, c0, c1, add, out):
     """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,); chunks c0:c1.
-    Four rows at a time: each x[j] loaded once for four rows, four streams from memory
-    per thread (one row at a time streamed 13.8-16.9 GB/s from DRAM on the Xeon VM, four
-    19.8, on Qwen2.5-Coder's shapes; DEVELOPERS.md, "Prefetch")."""
+    rows_f32's loop, four rows at a time."""
     rows, cols = bits.shape
     r0, end = c0 * CHUNK, min(rows, c1 * CHUNK)
     quads = r0 + (end - r0) // GROUP * GROUP
@@ -140,9 +138,7 @@ def matvec_f16(bits, x, norm, eps, mode, add, out):
 @kernel
 def rows_bf16(bits, x, c0, c1, add, out):
     """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,); chunks c0:c1.
-    Four rows at a time: each x[j] loaded once for four rows, four streams from memory
-    per thread (one row at a time streamed 13.8-16.9 GB/s from DRAM on the Xeon VM, four
-    19.8, on Qwen2.5-Coder's shapes; DEVELOPERS.md, "Prefetch")."""
+    rows_f32's loop, four rows at a time."""
     rows, cols = bits.shape
     r0, end = c0 * CHUNK, min(rows, c1 * CHUNK)
     quads = r0 + (end - r0) // GROUP * GROUP
