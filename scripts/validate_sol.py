@@ -240,11 +240,14 @@ def plot(rows: list[Row], path: Path, machine: str) -> None:
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.model == rows[0].model and r.window is None and r.kv == "f32":
-            groups.setdefault((r.kernels.split(",")[0], r.weights), []).append(r)
+            # "numba omp, 2 threads, int16 dot (vpdpbusd)" -> "numba omp, int16 dot (...)":
+            # float-x and integer-x rows are two lines, not one
+            kernels = ", ".join(p for p in r.kernels.split(", ") if not p.endswith("threads"))
+            groups.setdefault((kernels, r.weights), []).append(r)
     for (kernels, weights), rs in groups.items():
         rs.sort(key=lambda r: r.depth)
         color = colors.get(weights.split("/")[0], "tab:gray")
-        style = "-" if kernels.startswith("numba") else ":"
+        style = ("-." if " dot" in kernels else "-") if kernels.startswith("numba") else ":"
         b.plot([r.depth for r in rs], [r.decode_ms for r in rs], style, marker="o", color=color,
                label=f"{kernels} {weights}")  # fmt: skip
         b.plot([r.depth for r in rs], [r.sol_ms for r in rs], "--", color=color, alpha=0.35, lw=1)
