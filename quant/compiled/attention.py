@@ -16,7 +16,7 @@ from numba.extending import overload
 
 from .jit import kernel
 from .simd.lanes import add16, fma16, fma16_f16, fma16_i8, set16, zero16
-from .simd.scalar import f16, pow2, stack_f32, to_f16
+from .simd.scalar import f16, f32, pow2, stack_f32, to_f16
 
 TILES_PER_TASK = 16  # tiles of 16 keys one piece of parallel work reads, at least
 TILE = 16  # keys per tile (quant.kv.TILE)
@@ -167,12 +167,6 @@ def _put_value(values, h, slot, vec):
 
 
 @kernel(inline=True)
-def same(x):
-    """A float32 as it is (the f32 twin of simd.scalar.f16, for code written for both)."""
-    return x
-
-
-@kernel(inline=True)
 def zero(a, n):
     """a[:n] = 0 for n a multiple of 16 (numba lowers slice assignment generically, and
     LLVM vectorizes the plain loop across the wrong axis)."""
@@ -268,7 +262,7 @@ def _weigh_values(values, h, k0, k1, probs, o, at, stride):
 
         return weigh_q8_0
     fma = fma16_f16 if _is_f16(values) else fma16
-    widen = f16 if _is_f16(values) else same
+    widen = f16 if _is_f16(values) else f32
 
     def weigh_float(values, h, k0, k1, probs, o, at, stride):
         v = values[0]

@@ -31,7 +31,7 @@ from numba import carray, prange
 
 from .jit import kernel
 from .ops import prologue
-from .simd.scalar import ahead, bf16, bit, f16, f16x4, i8, lo4, row, stack_f32, u8
+from .simd.scalar import ahead, bf16, bit, f16, f16x4, f32, i8, lo4, row, stack_f32, u8
 
 GROUP = 4  # rows interleaved in a block format's compiled layout
 CHUNK = 16  # rows per unit of parallel work
@@ -67,22 +67,23 @@ def put(out, r, s, add):
         out[r] = s
 
 
-@kernel
-def rows_f32(w, x, c0, c1, add, out):
-    """w (rows, cols) float32; x (cols,); out (rows,); chunks c0:c1.
+@kernel(inline=True)
+def rows_float(w, x, c0, c1, add, out, widen):
+    """w (rows, cols) of floats, widen(w[r, j]) their float32 (`f32` for float32 itself,
+    `f16` or `bf16` for uint16 bit patterns); x (cols,); out (rows,); chunks c0:c1.
     Four rows at a time: each x[j] loaded once for four rows, four streams from memory
     per thread (one row at a time streamed 13.8-16.9 GB/s from DRAM on the Xeon VM, four
-    19.8, on Qwen2.5-Coder's shapes; DEVELOPERS.md, "Prefetch")."""
+    19.8, on Qwen2.5-Coder's f32 shapes; DEVELOPERS.md, "Prefetch")."""
     rows, cols = w.shape
     r0, end = c0 * CHUNK, min(rows, c1 * CHUNK)
     quads = r0 + (end - r0) // GROUP * GROUP
     for r in range(r0, quads, GROUP):
         s0, s1, s2, s3 = np.float32(0), np.float32(0), np.float32(0), np.float32(0)
         for j in range(cols):
-            s0 += w[r, j] * x[j]
-            s1 += w[r + 1, j] * x[j]
-            s2 += w[r + 2, j] * x[j]
-            s3 += w[r + 3, j] * x[j]
+            s0 += widen(w[r, j]) * x[j]
+            s1 += widen(w[r + 1, j]) * x[j]
+            s2 += widen(w[r + 2, j]) * x[j]
+            s3 += widen(w[r + 3, j]) * x[j]
         put(out, r, s0, add)
         put(out, r + 1, s1, add)
         put(out, r + 2, s2, add)
@@ -90,8 +91,14 @@ def rows_f32(w, x, c0, c1, add, out):
     for r in range(quads, end):
         s = np.float32(0)
         for j in range(cols):
-            s += w[r, j] * x[j]
+            s += widen(w[r, j]) * x[j]
         put(out, r, s, add)
+
+
+@kernel
+def rows_f32(w, x, c0, c1, add, out):
+    """w (rows, cols) float32; x (cols,); out (rows,); chunks c0:c1 (rows_float)."""
+    rows_float(w, x, c0, c1, add, out, f32)
 
 
 @kernel(parallel=True)
@@ -104,27 +111,8 @@ def matvec_f32(w, x, norm, eps, mode, add, out):
 
 @kernel
 def rows_f16(bits, x, c0, c1, add, out):
-    """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,); chunks c0:c1.
-    rows_f32's loop, four rows at a time."""
-    rows, cols = bits.shape
-    r0, end = c0 * CHUNK, min(rows, c1 * CHUNK)
-    quads = r0 + (end - r0) // GROUP * GROUP
-    for r in range(r0, quads, GROUP):
-        s0, s1, s2, s3 = np.float32(0), np.float32(0), np.float32(0), np.float32(0)
-        for j in range(cols):
-            s0 += f16(bits[r, j]) * x[j]
-            s1 += f16(bits[r + 1, j]) * x[j]
-            s2 += f16(bits[r + 2, j]) * x[j]
-            s3 += f16(bits[r + 3, j]) * x[j]
-        put(out, r, s0, add)
-        put(out, r + 1, s1, add)
-        put(out, r + 2, s2, add)
-        put(out, r + 3, s3, add)
-    for r in range(quads, end):
-        s = np.float32(0)
-        for j in range(cols):
-            s += f16(bits[r, j]) * x[j]
-        put(out, r, s, add)
+    """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,); chunks c0:c1."""
+    rows_float(bits, x, c0, c1, add, out, f16)
 
 
 @kernel(parallel=True)
@@ -137,27 +125,8 @@ def matvec_f16(bits, x, norm, eps, mode, add, out):
 
 @kernel
 def rows_bf16(bits, x, c0, c1, add, out):
-    """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,); chunks c0:c1.
-    rows_f32's loop, four rows at a time."""
-    rows, cols = bits.shape
-    r0, end = c0 * CHUNK, min(rows, c1 * CHUNK)
-    quads = r0 + (end - r0) // GROUP * GROUP
-    for r in range(r0, quads, GROUP):
-        s0, s1, s2, s3 = np.float32(0), np.float32(0), np.float32(0), np.float32(0)
-        for j in range(cols):
-            s0 += bf16(bits[r, j]) * x[j]
-            s1 += bf16(bits[r + 1, j]) * x[j]
-            s2 += bf16(bits[r + 2, j]) * x[j]
-            s3 += bf16(bits[r + 3, j]) * x[j]
-        put(out, r, s0, add)
-        put(out, r + 1, s1, add)
-        put(out, r + 2, s2, add)
-        put(out, r + 3, s3, add)
-    for r in range(quads, end):
-        s = np.float32(0)
-        for j in range(cols):
-            s += bf16(bits[r, j]) * x[j]
-        put(out, r, s, add)
+    """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,); chunks c0:c1."""
+    rows_float(bits, x, c0, c1, add, out, bf16)
 
 
 @kernel(parallel=True)

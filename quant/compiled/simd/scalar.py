@@ -44,6 +44,12 @@ def f16(typingctx, bits):
     return types.float32(types.uint16), codegen
 
 
+@kernel(inline=True)
+def f32(x):
+    """A float32 as it is: the twin of f16 and bf16, for a loop written for all three."""
+    return x
+
+
 @intrinsic
 def bf16(typingctx, bits):
     """bfloat16 bits (uint16) -> float32: the top half of a float32 (a zero-extend and a
