@@ -62,14 +62,21 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     return layers, {"embed": embed, "norm": norm, "head": head}
 
 
+def vector(v: np.ndarray) -> np.ndarray:
+    """A norm weight or bias as the kernels take it: float32, contiguous, writable (a
+    file's read-only memory map would type a compiled kernel apart from the one-call
+    decode step's copies: a specialization of its own, optimized apart)."""
+    return np.array(v, np.float32)
+
+
 def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
               norm: np.ndarray) -> Weights:  # fmt: skip
     out = []
     for m in layers:
-        bias = np.concatenate([m["bq"], m["bk"], m["bv"]]) if c.qkv_bias else None
-        out.append(Layer(m["attn_norm"], m["wqkv"], m["wo"], m["mlp_norm"], m["w_gate_up"],
-                         m["w_down"], qkv_bias=bias))  # fmt: skip
-    return Weights(embed=embed, layers=out, norm=norm, lm_head=head)
+        bias = vector(np.concatenate([m["bq"], m["bk"], m["bv"]])) if c.qkv_bias else None
+        out.append(Layer(vector(m["attn_norm"]), m["wqkv"], m["wo"], vector(m["mlp_norm"]),
+                         m["w_gate_up"], m["w_down"], qkv_bias=bias))  # fmt: skip
+    return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
 
 
 def build_weights(

@@ -415,6 +415,6 @@ def attend(qkv, cos, sin, keys, values, slot, n, out):
     slots in any order: attention does not care). out (n_heads * hd,) float32."""
     n_kv, hd = values[0].shape[0], cos.shape[0] * 2
     top, total, part, run = pieces_of(qkv, hd, n_kv, n)
-    for task in prange(n_kv * part.shape[1]):
-        attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, part)
+    for task in prange(n_kv * part.shape[1]):  # prange counts in uint64: as the team's int64
+        attend_task(qkv, cos, sin, keys, values, slot, n, np.int64(task), run, top, total, part)
     combine(top, total, part, out)

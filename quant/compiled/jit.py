@@ -25,7 +25,10 @@ from pathlib import Path
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 import numba
+from numba import types
+from numba.core.base import BaseContext
 from numba.core.cpu_options import ParallelOptions
+from numba.core.registry import CPUDispatcher
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "default"
@@ -49,20 +52,91 @@ PRANGE_ONLY = ParallelOptions(
 FASTMATH = {"contract", "reassoc", "nsz"}
 
 
+# Kernels that are never inlined into their callers, by (module, name): see `kernel`.
+OUT_OF_LINE: dict[tuple[str, str], CPUDispatcher] = {}
+
+
+class OutOfLine(CPUDispatcher):
+    """A kernel its callers call (not inlined), compiled for the types of its arguments
+    without their literal values: a caller's constant (`add=False`) would otherwise make a
+    specialization of its own, optimized apart from the one Python calls (see `kernel`)."""
+
+    def get_call_template(self, args, kws):
+        args = [types.unliteral(a) for a in args]
+        kws = {k: types.unliteral(v) for k, v in kws.items()}
+        return super().get_call_template(args, kws)
+
+
+def _declare_function(declare):
+    """numba's BaseContext.declare_function, marking the kernels of OUT_OF_LINE noinline."""
+
+    def declare_function(self, module, fndesc):
+        fn = declare(self, module, fndesc)
+        if (fndesc.modname, fndesc.qualname) in OUT_OF_LINE:
+            fn.attributes.add("noinline")
+        return fn
+
+    return declare_function
+
+
+BaseContext.declare_function = _declare_function(BaseContext.declare_function)
+
+
 def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     """@kernel: compiled with numba, cached on disk, float32 fast math as above.
-    `inline`: a helper inlined into its callers (numba compiles each function on its own,
-    and LLVM never inlines across them: a helper called in a hot loop must be inlined to
-    vectorize with it)."""
+
+    `inline`: a helper inlined into its callers, in numba's IR: a helper called in a hot
+    loop must be inlined to vectorize with it. Every other kernel is one compiled function
+    per argument types that its callers call (LLVM `noinline`), and a caller's constant
+    does not make a specialization of its own (OutOfLine). Why: under `reassoc` and
+    `contract` LLVM may order a sum or fuse a multiply-add differently in each copy of the
+    same source it optimizes (an inlined copy, or a specialization for a literal
+    `add=False`), and which copies exist depended on what was compiled first, or already
+    in the disk cache, and on the CPU LLVM tuned for: the one-call decode step and the calls
+    one by one once gave logits different in the 7th digit. With one body of machine code
+    per row kernel, a row gives the same bits on every path (tests/llama_np/model/
+    test_decode_blocks.py compiles both orders into an empty cache)."""
 
     options = dict(fastmath=FASTMATH, cache=True, nogil=True)
     options |= dict(parallel=PRANGE_ONLY if parallel else False)
     options |= dict(inline="always" if inline else "never")
 
     def wrap(f):
-        return numba.njit(f, **options)
+        if inline:
+            return numba.njit(f, **options)
+        dispatcher = numba.njit(f, **options)
+        dispatcher.__class__ = OutOfLine
+        OUT_OF_LINE[f.__module__, f.__qualname__] = dispatcher
+        return dispatcher
 
     return wrap(fn) if fn is not None else wrap
+
+
+def duplicate_specializations() -> list[str]:
+    """Out-of-line kernels compiled in this process for two argument types that differ only
+    in a literal value, an integer's sign or width, or an array's write flag: what `kernel`
+    keeps out (each would be optimized apart). Specializations loaded from the disk cache
+    are not seen here: a test runs this with an empty cache."""
+
+    def plain(t):
+        t = types.unliteral(t)
+        if isinstance(t, types.Integer):
+            return types.int64
+        if isinstance(t, types.Array):
+            return t.copy(readonly=False)
+        if isinstance(t, types.BaseTuple):
+            return tuple(plain(e) for e in t)
+        return t
+
+    out = []
+    for (module, name), dispatcher in OUT_OF_LINE.items():
+        seen: dict[tuple, tuple] = {}
+        for sig in dispatcher.overloads:
+            key = tuple(plain(t) for t in sig)
+            if key in seen:
+                out.append(f"{module}.{name}: {seen[key]} and {sig}")
+            seen[key] = sig
+    return out
 
 
 def sources() -> list[Path]:

@@ -29,7 +29,7 @@ from numba.core.extending import intrinsic, overload
 from . import attention, ggml, intdot, matvec
 from .jit import kernel
 from .matvec import CHUNK
-from .ops import NO_NORM, NORM, PLAIN, SWIGLU, rmsnorm, swiglu
+from .ops import NORM, PLAIN, SWIGLU, rmsnorm, swiglu
 from .team import LINE, finish, grain_of, take
 
 # what a row of the table multiplies, and so which kernel runs it
@@ -291,6 +291,8 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, 
     """One thread's walk through every phase of every layer (decode_blocks)."""
     n = max(x.shape[0], gate_up.shape[0] // 2, part.shape[0] * part.shape[2])
     buf, att = scratch(n), np.empty(part.shape[0] * part.shape[2], np.float32)
+    # no bias, and the norm of a product without one (unread): arrays of the caller's, not
+    # module constants, which numba types read-only (a second specialization of rmsnorm)
     nk, none = len(keys), biases[0, :0]
     for i in range(plan.shape[0]):
         p, k = plan[i], PHASES * i
@@ -300,12 +302,12 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, 
         vv = at_addresses(values, kv_at[i, nk:])
         attend(sync, k + 1, qkv, cos, sin, kk, vv, slot, n_keys, run, top, total, part)
         attention.combine(top, total, part, att)
-        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, NO_NORM, eps, PLAIN,
-                True, x, none, buf, ints)  # fmt: skip
+        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
+                PLAIN, True, x, none, buf, ints)  # fmt: skip
         product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
                 False, gate_up, none, buf, ints)  # fmt: skip
-        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, NO_NORM, eps,
-                SWIGLU, True, x, none, buf, ints)  # fmt: skip
+        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
+                eps, SWIGLU, True, x, none, buf, ints)  # fmt: skip
 
 
 @kernel(parallel=True)

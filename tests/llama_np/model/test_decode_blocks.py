@@ -9,7 +9,11 @@ reference and transformers by tests/integration/test_differential.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
+import numba
 import numpy as np
 import pytest
 
@@ -90,15 +94,68 @@ def test_blocks_in_one_call_equal_call_by_call(case: str, kv: str, kernels: str)
     assert reads == reads_each and writes == writes_each
 
 
-@pytest.mark.parametrize("team", [1, 3, 5])
-def test_a_team_of_any_size_gives_the_same_logits(team: int) -> None:
-    """The one call's parallel loop with more iterations than threads (some run one after
-    another on the same thread: quant.compiled.team must neither wait forever for them nor
-    count their work twice), or with one: the logits stay those of the calls one by one."""
-    model = model_for("q4_1 + q8_0 v, window", "numba-int8")
-    each = decode(model, "f32", False)[0]
-    model.ops.team = team
-    assert np.array_equal(decode(model, "f32", True)[0], each)
+# (iterations of the one call's parallel loop, numba threads): more iterations than threads
+# run one after another on a thread (quant.compiled.team must neither wait forever for
+# them nor count their work twice), and each size takes chunks of another grain, so rows
+# land on other threads in other runs of chunks; the calls one by one split their rows
+# into the same pieces whatever the threads, and the threads take the pieces in any order.
+SCHEDULES = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (5, 2), (8, 2)]
+
+
+@pytest.mark.parametrize("kernels", ["numba-f32", "numba-int16"])
+def test_the_same_logits_whatever_runs_which_rows(kernels: str) -> None:
+    """A row's sum never depends on the thread that runs it or on the chunks it came in:
+    every schedule of the one call, and the calls one by one on 1 or 2 threads, give the
+    same logits bit for bit."""
+    model = model_for("q4_1 + q8_0 v, window", kernels)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        alone = decode(model, "f32", False)[0]
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        assert np.array_equal(decode(model, "f32", False)[0], alone)
+        for team, n in SCHEDULES:
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            model.ops.team = team
+            assert np.array_equal(decode(model, "f32", True)[0], alone), (team, n)
+    finally:
+        numba.set_num_threads(threads)
+        model.ops.team = None
+
+
+# (case, kernels, KV format, which path runs first): each KV format makes decode_blocks a
+# specialization of its own, so the second run compiles it after the calls one by one
+ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call"),
+          ("q5_0 + q5_1 v, qwen2", "numba-f32", "f16", "call by call")]  # fmt: skip
+
+
+def compile_orders() -> None:
+    """Run in a fresh process with an empty kernel cache (test_the_same_bits_whatever_was_
+    compiled_first): compile one path before the other, each way round, hold them equal,
+    and check that no out-of-line kernel was compiled twice for argument types that differ
+    only in a literal value, an integer's sign or width, or an array's write flag."""
+    from quant.compiled.jit import duplicate_specializations
+
+    for case, kernels, kv, first in ORDERS:
+        model = model_for(case, kernels)
+        order = [True, False] if first == "one call" else [False, True]
+        a, b = (decode(model, kv, one_call)[0] for one_call in order)
+        assert np.array_equal(a, b), (case, kernels, kv, first)
+    assert not duplicate_specializations(), duplicate_specializations()
+
+
+@pytest.mark.slow
+def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
+    """The one call and the calls one by one run the same compiled row kernels, whichever
+    was compiled first and whatever the kernel cache held: compiled for types that differ
+    only in a literal (a caller's constant `add=False`), a kernel once became a second
+    specialization that LLVM optimized apart, and the two paths gave logits different in
+    the 7th digit on some CPUs and runs (after a run that had cached part of the kernels)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    code = "from tests.llama_np.model.test_decode_blocks import compile_orders; compile_orders()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_one_call_is_what_decode_runs(monkeypatch) -> None:
