@@ -172,7 +172,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     t_start = time.perf_counter()
     matrices = [(s, rng.random((s // 4 // 1024, 1024), dtype=np.float32)) for s in sizes]
     x = rng.random(1024, dtype=np.float32)
-    bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=not progress)
+    bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=None if progress else True)
     with threadpool_limits(threads, user_api="blas"):
         for size, a in matrices:
             budget = 0.15 if size < 64 * MIB else 0.6

@@ -58,6 +58,11 @@ class Decoder(Protocol):
     def step_batch(self, tokens: np.ndarray) -> None:
         """One decode step of every sequence of the batch: tokens (batch,)."""
 
+    def check(self) -> None:
+        """Raise if the last step's outputs hold NaN or infinity (a non-finite weight, scale
+        or cache entry makes every later step's so): the speed of garbage is no measurement.
+        Called after each timed run, outside its time."""
+
 
 @dataclass
 class Settings:
@@ -123,6 +128,7 @@ def _decode_round(
     t0 = time.perf_counter()
     dec.prefill(rng.integers(0, 1000, s.prompt))
     prefill = s.prompt / (time.perf_counter() - t0)
+    dec.check()
     return (prefill, *_timed_steps(dec, s, lambda: dec.step(int(rng.integers(0, 1000)))))
 
 
@@ -145,6 +151,7 @@ def _timed_steps(dec: Decoder, s: Settings, step: Callable[[], None]) -> tuple[f
         if i >= s.warmup:
             times.append(time.perf_counter() - t0)
             steps.append(dec.meter.last)
+    dec.check()
     return 1e3 * sum(times) / len(times), steps
 
 
@@ -160,7 +167,9 @@ def run(
     keys = [(d, b) for d in s.depths for b in (s.batch or (1,))]
     results: dict[tuple[int, int], list[tuple[float, float, list]]] = {k: [] for k in keys}
     dec.meter.profile = s.profile
-    with tqdm(total=s.reps * len(keys), desc="bench", unit="run", disable=not progress) as bar:
+    with tqdm(
+        total=s.reps * len(keys), desc="bench", unit="run", disable=None if progress else True
+    ) as bar:
         for _ in range(s.reps):
             for depth, b in keys:
                 if s.batch:

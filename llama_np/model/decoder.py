@@ -9,6 +9,7 @@ import numpy as np
 from arch import ROLES, Config
 from bench.meter import Meter
 from bench.runner import Variant
+from llama_np.generation.generate import check_logits
 from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer, Weights
 
@@ -35,6 +36,7 @@ class Decoder:
         self.model, self.kv, self.window, self.capacity = model, kv, window, capacity
         self.rng = np.random.default_rng(1)
         self.cache: KVCache | None = None
+        self.logits = np.zeros(1, np.float32)  # the last step's (check)
         weights, head, embed = weight_plan(model.weights)
         self.variant = Variant(weights, head, embed, kv, model.backend.name, model.kernels)
 
@@ -52,10 +54,11 @@ class Decoder:
         self.cache.fill_random(depth, self.rng)
 
     def prefill(self, tokens: np.ndarray) -> None:
-        self.model.forward(tokens % self.model.config.vocab_size, self.cache)
+        self.logits = self.model.forward(tokens % self.model.config.vocab_size, self.cache)
 
     def step(self, token: int) -> None:
-        self.model.forward(np.array([token % self.model.config.vocab_size]), self.cache)
+        self.logits = self.model.forward(np.array([token % self.model.config.vocab_size]),
+                                         self.cache)  # fmt: skip
 
     def start_batch(self, depth: int, batch: int) -> None:
         """`batch` sequences at `depth`: one cache filled at random, copied to the others
@@ -68,4 +71,8 @@ class Decoder:
         self.caches = [first] + [first.copy() for _ in range(batch - 1)]
 
     def step_batch(self, tokens: np.ndarray) -> None:
-        self.model.step_batch(tokens % self.model.config.vocab_size, self.caches)
+        self.logits = self.model.step_batch(tokens % self.model.config.vocab_size, self.caches)
+
+    def check(self) -> None:
+        """The last step's logits, as generation checks them (one line, exit 1)."""
+        check_logits(self.logits, "the benchmark's last step")

@@ -48,16 +48,20 @@ def quantize_x(x, xq, xd, xsum, lo):
     (nb,) int32 sums of q: per block, q = rint(x * (top / max|x|)) (ties to even; 0 for a
     block of zeros) and d = max|x| / top, with top = 127 (lo = 0: q is int8, in
     xq[:nb * 32]) or 16256 (q is int16: its high bytes h = (q + 64) >> 7 in xq[:nb * 32],
-    its low bytes q - 128 h, -64..63, lo further on)."""
+    its low bytes q - 128 h, -64..63, lo further on). A block holding NaN or infinity
+    gets q = 0 and d = NaN, so every product with it is NaN, as in float: rounded, a NaN
+    would become ordinary integers and the logits finite garbage."""
     top = np.float32(16256) if lo else np.float32(127)
     for b in range(xd.shape[0]):
-        amax = np.float32(0)
+        amax, finite = np.float32(0), True
         for j in range(BLOCK):
-            amax = max(amax, abs(x[BLOCK * b + j]))
-        inv = top / amax if amax > 0 else np.float32(0)
+            a = abs(x[BLOCK * b + j])
+            amax = max(amax, a)
+            finite &= a < np.float32(np.inf)  # false for infinity and NaN alike
+        inv = top / amax if amax > 0 and finite else np.float32(0)
         s = np.int32(0)
         for j in range(BLOCK):
-            q = np.int32(np.rint(x[BLOCK * b + j] * inv))
+            q = np.int32(np.rint(x[BLOCK * b + j] * inv)) if finite else np.int32(0)
             if lo:
                 h = (q + 64) >> 7
                 xq[BLOCK * b + j] = h
@@ -65,7 +69,7 @@ def quantize_x(x, xq, xd, xsum, lo):
             else:
                 xq[BLOCK * b + j] = q
             s += q
-        xd[b] = amax / top
+        xd[b] = amax / top if finite else np.float32(np.nan)
         xsum[b] = s
 
 

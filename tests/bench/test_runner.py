@@ -99,6 +99,9 @@ class Stand:
         self.meter.end()
         self.pos += 1
 
+    def check(self) -> None:
+        self.checked = getattr(self, "checked", 0) + 1
+
 
 @pytest.fixture(scope="module")
 def rows():

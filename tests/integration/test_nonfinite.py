@@ -109,3 +109,91 @@ def test_a_nan_at_a_decode_step_names_the_step(gqa_dir, monkeypatch):
             for piece in llm.stream("Once", n_predict=10, temp=0):
                 pieces.append(piece)
         assert len(calls) == 4  # the prompt, then three steps: nothing sampled from NaN
+
+
+# Every matrix quantized, the LM head too: on the integer kernels, x is rounded to integers
+# before every product from the first norm to the logits, so a NaN that reaches any product
+# would become finite garbage there (it once did: "!!!!!!!!" and exit 0).
+EVERY_KERNEL = ["numpy", "numba-f32", "numba-int16", "numba-int8"]
+QUANTIZED = TYPES | {"attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_1", "output": "Q8_0"}
+BROKEN = {
+    "nan scale": ("blk.1.ffn_down.weight", 208, np.float16(np.nan)),  # Q6_K's d, last layer
+    "inf scale": ("blk.0.ffn_gate.weight", 0, np.float16(np.inf)),  # Q4_0's d
+    "nan norm": ("blk.0.attn_norm.weight", 4, np.float32(np.nan)),
+}
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, sp_dir):
+    """case -> a fully quantized file with that damage (BROKEN)."""
+    d = tmp_path_factory.mktemp("broken")
+    size = dict(vocab_size=400, hidden_size=256, intermediate_size=512, bos_token_id=1)
+    model = build_hf_model("llama_gqa", d / "hf", **size)
+    write_gguf(d / "good.gguf", model, sp_dir / "tokenizer.model", QUANTIZED)
+    out = {}
+    for case, (name, offset, value) in BROKEN.items():
+        tensor = next(t for t in GGUFReader(d / "good.gguf").tensors if t.name == name)
+        out[case] = d / f"{case.replace(' ', '_')}.gguf"
+        shutil.copy(d / "good.gguf", out[case])
+        with open(out[case], "r+b") as f:
+            f.seek(int(tensor.data_offset) + offset)
+            f.write(value.tobytes())
+    return d / "good.gguf", out
+
+
+@pytest.mark.parametrize("kernels", EVERY_KERNEL)
+def test_non_finite_values_never_become_text_in_the_api(broken, kernels):
+    """Decode, prefill, batches, perplexity and the bench decoder on every kernel choice:
+    each stops with the one error, never a token sampled from garbage; the logits of a
+    step hold NaN, never finite numbers made of it."""
+    from llama_np.generation.perplexity import perplexity
+    from llama_np.model.decoder import Decoder
+
+    good, files = broken
+    with llama_np.load(good, kernels=kernels) as llm:  # the sound file: finite all along
+        assert llm.generate("Once upon", n_predict=4, temp=0)
+        assert all(llm.generate_batch(["Once", "upon a"], n_predict=4, temp=0))
+    for case, path in files.items():
+        with llama_np.load(path, kernels=kernels) as llm:
+            nan = r"hold NaN or infinity"
+            with pytest.raises(LlamaNpError, match=nan):
+                llm.generate("Once upon", n_predict=4, temp=0)
+            with pytest.raises(LlamaNpError, match=nan):
+                llm.generate_batch(["Once", "upon a"], n_predict=4, temp=0)
+            with pytest.raises(LlamaNpError, match=nan):
+                perplexity(llm, "Once upon a time " * 8, ctx=16, stepwise=True, chunks=1)
+            cache = llm.new_cache(8)
+            llm.logits([1, 5, 9], cache)
+            assert not np.isfinite(llm.step(7, cache)).any(), case  # NaN, not numbers
+            caches = [llm.new_cache(8), llm.new_cache(8)]
+            assert not np.isfinite(llm.model.step_batch(np.array([3, 4]), caches)).any()
+            dec = Decoder(llm.model, "f32", None, capacity=8)
+            dec.start(0)
+            dec.step(3)
+            with pytest.raises(LlamaNpError, match=nan):
+                dec.check()
+
+
+@pytest.mark.parametrize("kernels", EVERY_KERNEL)
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_non_finite_values_stop_the_cli_with_one_line(broken, case, kernels, capfd,
+                                                      monkeypatch):  # fmt: skip
+    """generate, generate -np 2, perplexity and bench: exit 1, one line on stderr, no text."""
+    from tests.bench.test_runner import fake_probe
+
+    monkeypatch.setattr("llama_np.cli.measure.probe_for", lambda *a, **k: fake_probe())
+    path = str(broken[1][case])
+    text = broken[0].parent / "text.txt"
+    text.write_text("Once upon a time there was a llama. " * 8)
+    runs = [
+        ["generate", "-m", path, "-p", "Once", "-n", "4", "--temp", "0"],
+        ["generate", "-m", path, "-p", "Once", "-n", "4", "--temp", "0", "-np", "2"],
+        ["perplexity", "-m", path, "-f", str(text), "-c", "16", "--stepwise", "--chunks", "1"],
+        ["bench", "-m", path, "-p", "4", "-n", "4", "-r", "1"],
+    ]
+    for args in runs:
+        assert main([*args, "--kernels", kernels]) == 1, args
+        out, err = capfd.readouterr()
+        last = err.strip().splitlines()[-1]  # after the progress bars, if any
+        assert out.strip() == "" and last.startswith("llama-np: error:"), (args, err)
+        assert "hold NaN or infinity" in last, args

@@ -240,3 +240,25 @@ def test_each_instruction_path(path, tmp_path):
     used = {i for i in ("vpdpbusd", "vpmaddubsw") if i in asm}
     assert used == ({path} - {"generic"}), used
     assert "gather" not in asm
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_block_of_x_with_nan_or_infinity_gives_nan(dot, bad):
+    """A block of x holding NaN or infinity rounds to integers 0 with scale NaN, in the
+    kernel as in the reference: its products are NaN, as in float, never the finite
+    garbage that a NaN rounded to integers gives. The other blocks round as ever."""
+    rng = np.random.default_rng(1)
+    nb, n, wide = 16, 512, dot == "int16"  # two K-quant super-blocks
+    x = rng.standard_normal(n).astype(np.float32)
+    x[32 * 2 + 7] = bad
+    xq, xd, xs = np.empty(2 * n, np.int8), np.empty(nb, np.float32), np.empty(nb, np.int32)
+    kernels.quantize_x(x, xq, xd, xs, n if wide else 0)
+    rq, rd, rs = intdot.quantize_x(x, BITS[dot])
+    assert np.isnan(xd[2]) and np.isnan(rd[2]) and np.isfinite(np.delete(xd, 2)).all()
+    assert not xq[64:96].any() and not rq[2].any() and xs[2] == rs[2] == 0
+    assert np.array_equal(np.delete(xd, 2), np.delete(rd, 2)) and np.array_equal(xs, rs)
+    for fmt in FMTS:
+        w = numba_backend(dot).weight_class(fmt).random((9, n), rng)
+        assert np.isnan(w.matvec(x, dot=dot)).all()
+        assert np.isnan(intdot.matvec(fmt, w.to_blocks(), x, BITS[dot])).all()
