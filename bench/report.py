@@ -8,7 +8,20 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from .probe import size_label
 from .runner import Row
+
+
+def _opt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def attainable(r: Row) -> str:
+    """The probe's figure a row is held against, and where on its curve it was read."""
+    if r.attainable_gbs is None:
+        return "-"
+    return f"{r.attainable_gbs:.1f} at {size_label(r.working_set)} ({r.tier})"
+
 
 COLUMNS = [
     ("model", lambda r: r.model),
@@ -21,10 +34,8 @@ COLUMNS = [
     ("decode ms/tok", lambda r: f"{r.decode_ms:.2f} ({r.decode_ms_min:.2f}-{r.decode_ms_max:.2f})"),
     ("MB/tok", lambda r: f"{r.bytes_per_token / 1e6:.1f}"),
     ("GB/s", lambda r: f"{r.gbs:.1f}"),
-    (
-        "% attainable",
-        lambda r: "-" if r.pct_attainable is None else f"{r.pct_attainable:.0f}% of {r.tier}",
-    ),
+    ("attainable GB/s", attainable),
+    ("% attainable", lambda r: _opt(r.pct_attainable, ".0f")),
     ("% peak", lambda r: "-" if r.pct_peak is None else f"{r.pct_peak:.1f}% of {r.device}"),
     ("SOL ms/tok", lambda r: "-" if r.sol_ms is None else f"{r.sol_ms:.2f}"),
     (
@@ -32,10 +43,6 @@ COLUMNS = [
         lambda r: "-" if r.measured_over_sol is None else f"{r.measured_over_sol:.2f}",
     ),
 ]
-
-
-def _opt(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 # `bench --batch`: decode steps of B sequences; bytes and FLOPs per step, B* the ridge
@@ -47,6 +54,7 @@ BATCH_COLUMNS = [
     ("MB/step", lambda r: f"{r.bytes_per_step / 1e6:.1f}"),
     ("GFLOP/step", lambda r: f"{r.flops_per_step / 1e9:.2f}"),
     ("GB/s", lambda r: f"{r.gbs:.1f}"),
+    ("attainable GB/s", attainable),
     ("SOL ms/step", lambda r: _opt(r.sol_ms, ".2f")),
     ("bound", lambda r: r.bound or "-"),
     ("measured/SOL", lambda r: _opt(r.measured_over_sol, ".2f")),

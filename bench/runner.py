@@ -92,8 +92,8 @@ class Row:
     bytes_per_token: float  # measured by the meter
     sol_bytes_per_token: int  # the speed-of-light model's count at the same position
     gbs: float  # bytes_per_token / decode time
-    tier: str  # where the working set lives: L2, L3 or DRAM
-    attainable_gbs: float | None  # the probe's sgemv bandwidth for that tier
+    tier: str  # the cache level the working set fits in (a label): L2, L3 or DRAM
+    attainable_gbs: float | None  # the probe's curve at the working set (Probe.attainable)
     pct_attainable: float | None
     device: str | None
     pct_peak: float | None
@@ -110,6 +110,8 @@ class Row:
     flops_per_step: int = 0  # the speed-of-light model's
     peak_gflops: float | None = None  # the ceiling of the arithmetic these kernels run
     ridge_batch: float | None = None  # B*: the batch beyond which the step is compute-bound
+    working_set: int = 0  # bytes a step streams (the speed-of-light model's): where on the
+    # probe's curve the attainable bandwidth is read
 
 
 def rss_mb() -> float:
@@ -198,7 +200,7 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
         tier="?", attainable_gbs=None, pct_attainable=None, device=None, pct_peak=None,
         sol_ms=None, measured_over_sol=None, bound=None, rss_mb=rss_mb(),
         batch=batch, batched=bool(s.batch), step_ms=decode_ms, tok_s=1e3 * batch / decode_ms,
-        bytes_per_step=measured, flops_per_step=est.flops,
+        bytes_per_step=measured, flops_per_step=est.flops, working_set=est.bytes_per_token,
     )  # fmt: skip
     if probe is not None:
         tier, bw = probe.attainable(est.bytes_per_token)

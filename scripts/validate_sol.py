@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import report
-from bench.probe import Caches, Probe, run_probe, save_probe
+from bench.probe import Caches, Probe, curve_text, run_probe, save_probe
 from bench.runner import Row, Settings, run
 from llama_np.api import load
 from llama_np.model.decoder import Decoder
@@ -152,15 +152,15 @@ def knee(r: Row) -> str:
 
 def write_batch(out: Path, rows: list[Row], probe: Probe) -> None:
     """The batch table, a verdict per row, and the step-time / tokens-per-second plot."""
-    tiers = ", ".join(f"{t} {bw / 1e9:.1f} GB/s" for t, bw in probe.tiers().items())
     lines = [
         "# Batching: where decode turns compute-bound",
         "",
-        f"Machine: {probe.machine}. Attainable bandwidth (`llama-np probe`, at the start of "
-        f"this run): {tiers}. Arithmetic ceilings, best of runs until two agree within 10%: "
+        f"Machine: {probe.machine}. Attainable bandwidth by working set (`llama-np probe`, at "
+        f"the start of this run): {curve_text(probe)}. Arithmetic ceilings, best of runs until two agree within 10%: "
         f"BLAS sgemm {probe.sgemm_gflops:.0f} GFLOPS, compiled batch kernel f32 "
         f"{probe.compiled_gflops:.0f}, q8_0 (dequantize + multiply) {probe.compiled_q_gflops:.0f}. "
-        "Prediction per step: max(bytes / DRAM bandwidth, FLOPs / the ceiling of the "
+        "Prediction per step: max(bytes / the curve's bandwidth at the step's working set, "
+        "FLOPs / the ceiling of the "
         "arithmetic the row's kernels run); B* the batch where the terms meet. Batch 1 runs "
         "the fused matvec kernels (their compute term uses sgemm's ceiling). Command: "
         "`scripts/validate_sol.py --batch --out docs/batching`.",
@@ -181,15 +181,15 @@ def write_batch(out: Path, rows: list[Row], probe: Probe) -> None:
 
 def write(out: Path, rows: list[Row], probe: Probe) -> None:
     """The table, the verdicts and the plot."""
-    tiers = ", ".join(f"{t} {bw / 1e9:.1f} GB/s" for t, bw in probe.tiers().items())
     lines = [
         "# Speed of light vs measured",
         "",
-        f"Machine: {probe.machine}. Attainable bandwidth by tier (`llama-np probe`, the best "
-        f"of sgemv and the compiled f32 matvec, probed at the start of this run): {tiers}; "
-        f"sgemm {probe.sgemm_gflops:.0f} GFLOPS. Prediction: max(bytes / attainable bandwidth "
-        "of the working set's tier, FLOPs / sgemm peak). Bytes are counted in each backend's "
-        "own memory layout. Command: `scripts/validate_sol.py`.",
+        f"Machine: {probe.machine}. Attainable bandwidth by working set (`llama-np probe`, the "
+        f"best of sgemv and the compiled f32 matvec, probed at the start of this run): "
+        f"{curve_text(probe)}; sgemm {probe.sgemm_gflops:.0f} GFLOPS. Prediction: max(bytes / "
+        "the curve's bandwidth at the row's working set (its bytes per token, interpolated; "
+        "the column 'attainable GB/s'), FLOPs / sgemm peak). Bytes are counted in each "
+        "backend's own memory layout. Command: `scripts/validate_sol.py`.",
         "",
         report.markdown(rows),
         "",

@@ -59,7 +59,7 @@ def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: 
 def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
     """Achieved bandwidth as a share of this machine's attainable bandwidth (from a cached
     `llama-np probe`) and of a device's theoretical peak (--device / --peak-gbs)."""
-    from bench.probe import load_probe
+    from bench.probe import load_probe, size_label
     from quant.host import usable_cores
 
     out = []
@@ -68,7 +68,8 @@ def peak_shares(stats: Stats, args: argparse.Namespace | None) -> list[str]:
         out.append("% of attainable: run `llama-np probe` once")
     else:
         tier, bw = probe.attainable(int(stats.bytes_per_token))
-        out.append(f"{100 * stats.gbs * 1e9 / bw:.0f}% of attainable {tier} ({bw / 1e9:.1f} GB/s)")
+        out.append(f"{100 * stats.gbs * 1e9 / bw:.0f}% of attainable ({bw / 1e9:.1f} GB/s at "
+                   f"{size_label(stats.bytes_per_token)}, {tier})")  # fmt: skip
     device = device_of(args) if args is not None and hasattr(args, "device") else None
     if device is not None:
         out.append(f"{100 * stats.gbs * 1e9 / device.bandwidth:.1f}% of {device.name} peak")

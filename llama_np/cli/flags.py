@@ -103,7 +103,7 @@ SAMPLING_ARGS = [
 ]
 CHAT_ARGS = [(("--system",), dict(default=None, help="system prompt (default: the template's own, if any)"))]
 DEVICE_ARGS = [
-    (("--device",), dict(help="device from the table (`llama-np sol --list-devices`)")),
+    (("--device",), dict(help="device from the table (`llama-np sol --list-devices`); sol takes `local` too: this machine as `llama-np probe` measured it")),
     (("--peak-gbs",), dict(type=float, help="peak memory bandwidth, GB/s (overrides --device)")),
     (("--peak-gflops",), dict(type=float, help="peak GFLOPS (overrides --device)")),
     (("--devices",), dict(action="append", default=[], metavar="FILE", help="extra device table (JSON)")),
@@ -156,6 +156,7 @@ SOL_ARGS = [
     KERNELS_ARG,
     (("--list-devices",), dict(action="store_true", help="print the device table and exit")),
     *DEVICE_ARGS,
+    THREADS_ARG,
 ]
 PROBE_ARGS = [
     (("-t", "--threads"), dict(type=positive_int, help="BLAS threads (default: all cores)")),

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 
 from arch import ConfigError, load_config
 from bench.devices import Device, DeviceError, get_device, load_devices
-from bench.probe import Probe, load_probe, probe_report, run_probe, save_probe
+from bench.probe import (
+    Probe,
+    load_probe,
+    probe_path,
+    probe_report,
+    run_probe,
+    save_probe,
+    size_label,
+)
 from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
 from llama_np.errors import LlamaNpError, UsageError
 from quant import TARGETS
@@ -54,13 +62,25 @@ def cmd_sol(args: argparse.Namespace) -> int:
                      batch=args.batch)  # fmt: skip
     except ConfigError as err:
         raise UsageError(str(err)) from None
-    device = device_of(args)
+    device = local_device(e, args) if args.device == "local" else device_of(args)
     pred = e.predict(device.bandwidth, device.peak_flops(args.weights)) if device else None
     if args.json:
         print(json.dumps(to_json(e, pred) | ({"device": device.name} if device else {}), indent=1))
         return 0
     print(sol_text(e, pred, device))
     return 0
+
+
+def local_device(e: Estimate, args: argparse.Namespace) -> Device:
+    """This machine as `llama-np probe` measured it (probed now if it never was): the
+    curve's bandwidth at the step's working set, and the ceiling of the arithmetic the
+    kernels run for these weights and this batch."""
+    probe = probe_for(args.threads or usable_cores())
+    tier, bw = probe.attainable(e.bytes_per_token)
+    peak = probe.peak_flops(backend_name(args.kernels), e.weights, e.batch)
+    title = (f"this machine ({probe.threads} threads), the probe's attainable bandwidth at a "
+             f"working set of {size_label(e.bytes_per_token)} ({tier})")  # fmt: skip
+    return Device("local", title, bw, {"fp32": peak}, "probe", probe_path(probe.threads).name)
 
 
 def backend_name(kernels: str) -> str:
@@ -98,8 +118,8 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str
                      f"(of {c.n_experts}; {c.experts_per_token} per token)")  # fmt: skip
     if pred and device:
         lines += [
-            f"  device           {device.title}: {device.bandwidth / 1e9:g} GB/s, "
-            f"{(pred.peak_flops or 0) / 1e12:g} TFLOPS  [{device.source}]",
+            f"  device           {device.title}: {device.bandwidth / 1e9:.4g} GB/s, "
+            f"{(pred.peak_flops or 0) / 1e12:.4g} TFLOPS  [{device.source}]",
             f"  speed of light   {pred.ms_per_token:.3f} ms/{per} "
             f"({e.batch * pred.tokens_per_s:.1f} tok/s), {pred.bound}-bound "
             f"(memory {pred.memory_ms:.3f} ms, compute {pred.compute_ms:.3f} ms)",
