@@ -120,7 +120,8 @@ def main() -> None:
     if args.render:
         saved = json.loads(out.with_suffix(".json").read_text())
         probe = Probe(**{**saved["probe"], "caches": Caches(**saved["probe"]["caches"])})
-        rows = [Row(**r) for r in saved["rows"]]
+        # rows saved before they carried their working set: the speed-of-light bytes
+        rows = [Row(**{"working_set": r["sol_bytes_per_token"]} | r) for r in saved["rows"]]
         (write_batch if rows and rows[0].batched else write)(out, rows, probe)
         return
     threads = args.threads or usable_cores()
