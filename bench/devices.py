@@ -24,6 +24,7 @@ class Device:
     flops: dict[str, float] = field(default_factory=dict)  # peak FLOPS by dtype
     kind: str = "custom"
     source: str = ""
+    hw_class: str = ""  # the class of the published measurements like it (bench/published)
 
     def peak_flops(self, weights: str) -> float | None:
         """FP32 peak for f32 weights; FP16 (tensor) peak for other formats, which a GPU
@@ -44,6 +45,7 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
                 flops={k: float(v) for k, v in e.get("flops", {}).items()},
                 kind=e.get("kind", "custom"),
                 source=e.get("source", origin),
+                hw_class=e.get("class", ""),
             )
             for e in entries
         }
@@ -79,9 +81,8 @@ def get_device(
         if peak_gbs is None and peak_gflops is None:
             return d
         flops = {"fp32": peak_gflops * 1e9} if peak_gflops else d.flops
-        return Device(
-            d.name, d.title, peak_gbs * 1e9 if peak_gbs else d.bandwidth, flops, d.kind, "user"
-        )
+        return Device(d.name, d.title, peak_gbs * 1e9 if peak_gbs else d.bandwidth, flops,
+                      d.kind, "user", d.hw_class)  # fmt: skip
     if peak_gbs is None:
         if peak_gflops is not None:
             raise DeviceError("--peak-gflops needs --peak-gbs (or --device)")

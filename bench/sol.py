@@ -97,12 +97,40 @@ class Prediction:
     compute_ms: float
 
 
+# Formats of other engines, which llama-np does not run, at rest, scales included: bits
+# per weight (bench/published.py predicts their published measurements).
+OTHER_BITS = {
+    "fp16": 16.0,  # calm's and others' float16
+    "fp8": 8.0,  # calm: e5m2, no scales
+    "gf4": 4.0,  # calm: 8 values in 32 bits (3-bit scaled values and an fp8 group scale)
+    "int4-g32": 5.0,  # gpt-fast: 4 bits, a bf16 scale and a bf16 zero per group of 32
+    "q4f16_1": 4.5,  # MLC: 4 bits, an fp16 scale per group of 32
+    "gptq-4bit-g128": 4.15625,  # 4 bits, an fp16 scale and a 4-bit zero per group of 128
+}
+
+
+def other_bytes(fmt: str) -> Callable[[tuple[int, int]], int] | None:
+    """Bytes of a (rows, cols) matrix in another engine's format; None if not one: also
+    "int8-rowwise" (gpt-fast's int8, a bf16 scale per row) and "exl2-B" (ExLlamaV2, B
+    bits per weight on average, as its files are named)."""
+    if fmt == "int8-rowwise":
+        return lambda shape: shape[0] * shape[1] + 2 * shape[0]
+    bits = OTHER_BITS.get(fmt)
+    if fmt.startswith("exl2-"):
+        bits = float(fmt.removeprefix("exl2-"))
+    if bits is None:
+        return None
+    return lambda shape: round(shape[0] * shape[1] * bits / 8)
+
+
 def matrix_bytes(
     fmt: str, engine: bool, kernels: str = "numpy"
 ) -> Callable[[tuple[int, int]], int]:
     """Bytes of a matrix in a format: as llama-np's `kernels` backend holds it in memory
     (`engine`, what its meter counts), or at rest, by the format's definition (bits per
-    weight)."""
+    weight; another engine's format too, OTHER_BITS)."""
+    if not engine and (other := other_bytes(fmt)) is not None:
+        return other
     cls = get_backend(kernels).weight_class(fmt)
     if engine:
         return cls.nbytes_for

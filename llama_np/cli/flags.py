@@ -143,9 +143,10 @@ PULL_ARGS = [
     (("alias",), dict(nargs="?", default=DEFAULT_MODEL, help="model alias (default: %(default)s)")),
     (("--force",), dict(action="store_true", help="download again even if cached")),
 ]
+GGUF_MIXES = ["q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s"]
 SOL_ARGS = [
     (("--config",), dict(help="a preset (e.g. llama-2-7b, smollm2-135m), a config.json or a checkpoint directory")),
-    (("--weights",), dict(default="f32", choices=sorted(FORMATS), metavar="FMT", help="weight format (default: %(default)s)")),
+    (("--weights",), dict(default="f32", choices=sorted(FORMATS) + GGUF_MIXES, metavar="FMT", help=f"weight format: {' '.join(sorted(FORMATS))}, or llama.cpp's mixed file types {' '.join(GGUF_MIXES)} (each tensor's type as llama.cpp's quantizer picks it) (default: %(default)s)")),
     (("--head",), dict(choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)")),
     KV_ARG,
     (("--pos",), dict(type=int, default=0, help="position of the decoded token (default: %(default)s)")),
@@ -155,6 +156,10 @@ SOL_ARGS = [
     (("--engine-layout",), dict(action="store_true", help="count bytes as llama-np holds matrices in memory (default: the formats' own sizes)")),
     KERNELS_ARG,
     (("--list-devices",), dict(action="store_true", help="print the device table and exit")),
+    (("--engine",), dict(default="llama.cpp", help="the engine whose published measurements calibrate the expected ms/token beside the bound (default: %(default)s)")),
+    (("--published",), dict(action="store_true", help="hold every published measurement (bench/published) against its bound: the fraction reached by hardware class, engine and source, and the calibrated fit's error on held-out sources")),
+    (("--rows",), dict(action="store_true", help="with --published: every row too")),
+    (("--plot",), dict(metavar="FILE.png", help="with --published: predicted against measured ms/token")),
     *DEVICE_ARGS,
     THREADS_ARG,
 ]

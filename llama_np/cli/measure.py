@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from arch import ConfigError, load_config
@@ -20,7 +21,7 @@ from bench.probe import (
 )
 from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
 from llama_np.errors import LlamaNpError, UsageError
-from quant import TARGETS
+from quant import FORMATS, TARGETS
 from quant.host import usable_cores
 
 if TYPE_CHECKING:
@@ -53,21 +54,74 @@ def cmd_sol(args: argparse.Namespace) -> int:
             flops = ", ".join(f"{k} {v / 1e12:g} TF" for k, v in d.flops.items())
             print(f"{d.name:16s} {d.bandwidth / 1e9:8.1f} GB/s  {flops:28s} {d.title}")
         return 0
+    if args.published:
+        return published_report(args)
     if args.config is None:
-        raise UsageError("give --config PATH_OR_PRESET")
-    try:
-        config = load_config(args.config)
-        e = estimate(config, args.weights, args.kv, args.pos, args.window, args.head,
-                     args.engine_layout, kernels=backend_name(args.kernels),
-                     batch=args.batch)  # fmt: skip
-    except ConfigError as err:
-        raise UsageError(str(err)) from None
+        raise UsageError("give --config PATH_OR_PRESET (or --published)")
+    e = sol_estimate(args)
     device = local_device(e, args) if args.device == "local" else device_of(args)
     pred = e.predict(device.bandwidth, device.peak_flops(args.weights)) if device else None
+    exp = expected_for(device, args, pred.ms_per_token) if pred and e.batch == 1 else None
     if args.json:
-        print(json.dumps(to_json(e, pred) | ({"device": device.name} if device else {}), indent=1))
+        extra = {"device": device.name} if device else {}
+        if exp:
+            extra |= {"expected_ms_per_token": exp.ms, "expected_fit": asdict(exp.fit),
+                      "expected_held_out": exp.spread}  # fmt: skip
+        print(json.dumps(to_json(e, pred) | extra, indent=1))
         return 0
-    print(sol_text(e, pred, device))
+    print(sol_text(e, pred, device, exp))
+    return 0
+
+
+def sol_estimate(args: argparse.Namespace) -> Estimate:
+    """The estimate `sol` holds against a device: a format of llama-np's, or one of
+    llama.cpp's mixed file types (q4_k_m ...), counted as llama.cpp's quantizer writes it."""
+    from bench.published import GGUF, gguf_plan
+
+    try:
+        config = load_config(args.config)
+        if args.weights.upper() in GGUF and args.weights not in FORMATS:
+            if args.engine_layout:
+                raise UsageError(f"--engine-layout: llama-np does not store {args.weights}")
+            plan, head, embed = gguf_plan(args.weights.upper(), config)
+            return estimate(config, plan, args.kv, args.pos, args.window, head, False, embed,
+                            batch=args.batch)  # fmt: skip
+        return estimate(config, args.weights, args.kv, args.pos, args.window, args.head,
+                        args.engine_layout, kernels=backend_name(args.kernels),
+                        batch=args.batch)  # fmt: skip
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+
+
+def expected_for(device: Device | None, args: argparse.Namespace, bound_ms: float):
+    """The calibrated figure beside the bound: the published rows' fit for the device's
+    class and --engine, or this machine's own rows (the results command keeps them)."""
+    from bench.calibrate import local_points
+    from bench.published import expected
+
+    if device is None:
+        return None
+    if device.name == "local":
+        probe = probe_for(args.threads or usable_cores())
+        return expected("this machine", "llama-np", bound_ms, local_points(probe.machine))
+    return expected(device.hw_class, args.engine, bound_ms) if device.hw_class else None
+
+
+def published_report(args: argparse.Namespace) -> int:
+    """`sol --published`: every published row against its bound, by class, engine and
+    source, the calibrated fit's held-out error, and a plot of predicted against measured."""
+    from bench import published
+
+    rows = published.held()
+    if args.json:
+        print(json.dumps([asdict(h.m) | {"bytes_per_token": h.bytes_per_token,
+                                          "predicted_ms": h.predicted_ms, "reached": h.share}
+                          for h in rows], indent=1))  # fmt: skip
+    else:
+        print(published.report(list(rows), all_rows=args.rows))
+    if args.plot:
+        published.plot(list(rows), args.plot)
+        print(f"llama-np: wrote {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -92,7 +146,7 @@ def backend_name(kernels: str) -> str:
     return kernels
 
 
-def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str:
+def sol_text(e: Estimate, pred: Prediction | None, device: Device | None, exp=None) -> str:
     head = f" (head {e.head})" if e.head != e.weights else ""
     layout = (
         f"llama-np's in-memory layout ({e.kernels} kernels)"
@@ -128,6 +182,14 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None) -> str
             ridge = e.ridge_batch(pred.bandwidth_bytes_per_s, pred.peak_flops)
             lines.append(f"  ridge batch B*   {ridge:12.1f} sequences at this depth: "
                          "compute-bound beyond")  # fmt: skip
+    if exp is not None:
+        f, s = exp.fit, exp.spread
+        lines.append(
+            f"  expected         {exp.ms:.3f} ms/{per} ({1e3 / exp.ms:.1f} tok/s): the fit of "
+            f"{f.group} ({f.rows} rows, {f.sources} sources: eta {f.eta:.2f}, t0 "
+            f"{f.t0_ms:.2f} ms); on rows it was not fitted on, |error| median "
+            f"{100 * s['median']:.0f}%, 90th percentile {100 * s['p90']:.0f}%"
+        )
     return "\n".join(lines)
 
 

@@ -1,0 +1,361 @@
+"""Published decode measurements of machines we do not have, held against the speed of light.
+
+bench/published/measurements.csv holds one row per number read in a public source (its
+README says how they were gathered): the hardware and its memory bandwidth, the model,
+the weight format as the engine names it, the context and the measured tokens/s. Each
+row is predicted from the model's shape and the format's exact bytes: every matrix a
+token reads at the size its engine stores it (for llama.cpp's files, the GGML type
+llama.cpp's quantizer gives each tensor), one embedding row, the norms, and the KV cache
+at the row's mean depth (`predict`). measured / predicted is how far from the bound the
+engine ran; `calibrate.py` fits and cross-checks the expected figure.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+
+from arch import Config, ConfigError, layer_matrices
+from arch.presets import PRESETS
+
+from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
+from .sol import Estimate, estimate
+
+HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
+BANDWIDTH_WHAT = ("source", "spec", "measured")
+
+
+class PublishedError(ValueError):
+    """A row of the published dataset that does not follow its schema."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One row of measurements.csv (its README defines the columns)."""
+
+    source: str
+    url: str
+    where: str
+    second_hand: str
+    engine: str
+    engine_version: str
+    hardware: str
+    hw_class: str
+    bandwidth_gbs: float
+    bandwidth_what: str
+    bandwidth_ref: str
+    model: str
+    weights: str
+    prompt_tokens: int | None
+    gen_tokens: int | None
+    batch: int
+    tok_s: float
+    notes: str
+
+    @property
+    def ms(self) -> float:
+        return 1e3 / self.tok_s
+
+    @property
+    def depth(self) -> int:
+        """The mean position of the timed tokens: the KV cache they read on average."""
+        return (self.prompt_tokens or 0) + (self.gen_tokens or 0) // 2
+
+
+COLUMNS = [f.name for f in fields(Measurement)]
+
+
+def _text(name: str) -> str:
+    return resources.files("bench").joinpath("published", name).read_text(encoding="utf-8")
+
+
+def _row(d: dict[str, str], n: int) -> Measurement:
+    def number(key: str, kind: Callable = float, empty: bool = False):
+        if empty and d[key] == "":
+            return None
+        try:
+            value = kind(d[key])
+        except ValueError:
+            raise PublishedError(f"row {n}: {key} is not a number: {d[key]!r}") from None
+        if value < 0 or (not empty and value == 0):
+            raise PublishedError(f"row {n}: {key} must be positive: {d[key]!r}")
+        return value
+
+    if list(d) != COLUMNS:
+        raise PublishedError(f"row {n}: columns {list(d)} are not {COLUMNS}")
+    if d["hw_class"] not in HW_CLASSES or d["bandwidth_what"] not in BANDWIDTH_WHAT:
+        raise PublishedError(f"row {n}: hw_class {d['hw_class']!r} or bandwidth_what "
+                             f"{d['bandwidth_what']!r} unknown")  # fmt: skip
+    for key in ("source", "url", "where", "engine", "hardware", "model", "weights"):
+        if not d[key].strip():
+            raise PublishedError(f"row {n}: {key} is empty")
+    return Measurement(**d | {
+        "bandwidth_gbs": number("bandwidth_gbs"), "tok_s": number("tok_s"),
+        "prompt_tokens": number("prompt_tokens", int, True),
+        "gen_tokens": number("gen_tokens", int, True), "batch": number("batch", int),
+    })  # fmt: skip
+
+
+@cache
+def measurements() -> tuple[Measurement, ...]:
+    """Every row, checked against the schema (PublishedError names the first bad one)."""
+    reader = csv.DictReader(_text("measurements.csv").splitlines())
+    return tuple(_row(d, n) for n, d in enumerate(reader, start=2))
+
+
+@cache
+def sources() -> dict[str, dict[str, str]]:
+    """source id -> its row of sources.csv (url, title, author, date, kind, independent_of)."""
+    return {d["source"]: d for d in csv.DictReader(_text("sources.csv").splitlines())}
+
+
+@cache
+def models() -> dict[str, Config]:
+    """The presets and the shapes in models.csv (models that are not presets)."""
+    out = dict(PRESETS)
+    for d in csv.DictReader(_text("models.csv").splitlines()):
+        dim, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
+        out[d["model"]] = Config(
+            "llama", dim, int(d["num_hidden_layers"]), heads, int(d["num_key_value_heads"]),
+            dim // heads, int(d["intermediate_size"]), int(d["vocab_size"]),
+            tie_embeddings=d["tie_word_embeddings"].lower() == "true", name=d["model"],
+        )  # fmt: skip
+    return out
+
+
+# --- what each format stores, tensor by tensor ----------------------------------------
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in its
+    _M mixes (src/llama-quant.cpp): the first and last eighth, and every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+# llama.cpp's file types: the GGML type of the layers' matrices, before the mix's rules
+GGUF = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",
+        "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q6_K": "q6_k", "Q4_K_M": "q4_k",
+        "Q4_K_S": "q4_k", "Q5_K_M": "q5_k", "Q5_K_S": "q5_k"}  # fmt: skip
+BIG = {"llama-2-70b", "llama-3-70b", "llama-3.1-70b", "llama-65b"}  # llama.cpp's LLM_TYPE_70B
+
+
+def gguf_plan(ftype: str, c: Config) -> tuple[list[dict[str, str]], str, str]:
+    """(per layer the type of each matrix, the LM head's, the embedding's) of a model that
+    llama.cpp's quantizer wrote as `ftype`, without an importance matrix: its rules for
+    the mixes of these file types (llama_tensor_get_type)."""
+    base = GGUF[ftype]
+    quantized = base not in ("f32", "f16", "bf16")
+    head = base
+    if quantized and base != "q8_0":  # the output tensor: Q6_K, or Q8_0 if rows do not fit
+        head = "q6_k" if c.dim % 256 == 0 else "q8_0"
+    experts8 = c.n_experts == 8
+    plan = []
+    for i in range(c.n_layers):
+        layer = {r: base for r in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+        if ftype in ("Q4_K_M", "Q5_K_M"):
+            more = "q6_k" if use_more_bits(i, c.n_layers) else base
+            layer["wv"] = layer["w_down"] = more
+        elif ftype == "Q4_K_S" and i < c.n_layers // 8:
+            layer["w_down"] = "q5_k"
+            layer["wv"] = "q5_k" if i < 4 else base
+        if ftype.startswith(("Q4_K", "Q5_K")):
+            if c.name in BIG and layer["wv"] == "q4_k":
+                layer["wv"] = "q5_k"
+            if experts8:
+                layer["wv"] = layer["wk"] = "q8_0"
+                layer["wo"] = "q5_k" if ftype.startswith("Q4_K") else layer["wo"]
+        plan.append({r: fallback(f, layer_matrices(c)[r][1]) for r, f in layer.items()})
+    embed = head if c.tie_embeddings else fallback(base, c.dim)
+    return plan, head, embed
+
+
+def fallback(fmt: str, cols: int) -> str:
+    """A K-quant for rows that are not whole super-blocks of 256: llama.cpp's fallback."""
+    if cols % 256 == 0 or not fmt.endswith("_k"):
+        return fmt
+    return {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}.get(fmt, "q4_0")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an engine stores a model in a named format: every layer's matrices, the LM
+    head, the embedding and the KV cache (llama-np's format names, or OTHER_BITS')."""
+
+    plan: list[dict[str, str]]
+    head: str
+    embed: str
+    kv_bytes: int = 2  # per key or value element: 16-bit caches, but calm's fp8 ones
+
+
+def layout(engine: str, weights: str, c: Config, depth: int = 0) -> Layout:
+    """The engine's storage of the format a row names (PublishedError if unknown)."""
+
+    def uniform(fmt: str, head: str | None = None, embed: str = "fp16") -> Layout:
+        return Layout([dict.fromkeys(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), fmt)]
+                      * c.n_layers, head or fmt, embed)  # fmt: skip
+
+    w = weights.strip()
+    if engine in ("llama.cpp", "llamafile") and w.upper() in GGUF:
+        return Layout(*gguf_plan(w.upper(), c))
+    if engine == "calm" and w in ("fp16", "fp8", "gf4"):  # every matrix, the head too
+        kv = 1 if depth >= 16000 else 2  # calm's CUDA KV cache turns fp8 past 4096 of context
+        return Layout(uniform(w).plan, w, w, kv)
+    if engine == "gpt-fast" and w in ("bf16", "int8", "int4-g32"):  # every Linear, output too
+        fmt = "int8-rowwise" if w == "int8" else w
+        return uniform(fmt, embed="bf16")
+    if engine == "mlc-llm" and w == "q4f16_1":
+        return uniform(w)
+    if engine == "exllamav2" and w.startswith("EXL2 ") and w.endswith("bpw"):
+        return uniform("exl2-" + w[5:-3], head="exl2-6")  # its converter's head: 6 bits
+    if engine == "exllamav2" and w.startswith("GPTQ 4-bit"):
+        return uniform("gptq-4bit-g128", head="fp16")  # GPTQ leaves the head in fp16
+    raise PublishedError(f"no byte model for {engine}'s {weights!r}")
+
+
+def predict(m: Measurement) -> Estimate:
+    """The speed-of-light bytes (and FLOPs) of one decode token of the row's model, as
+    its engine stores it, at the row's mean depth."""
+    config = models().get(m.model)
+    if config is None:
+        raise PublishedError(f"unknown model {m.model!r} (a preset, or a row of models.csv)")
+    lay = layout(m.engine, m.weights, config, m.depth)
+    try:
+        e = estimate(config, lay.plan, kv="f16", pos=m.depth, head=lay.head, embed=lay.embed,
+                     engine=False, batch=m.batch)  # fmt: skip
+    except ConfigError as err:
+        raise PublishedError(f"{m.model}: {err}") from None
+    e.reads["kv_cache"] = e.reads["kv_cache"] * lay.kv_bytes // 2
+    return e
+
+
+@dataclass(frozen=True)
+class Held:
+    """A row and its bound: predicted ms = bytes / the row's bandwidth."""
+
+    m: Measurement
+    bytes_per_token: int
+    predicted_ms: float
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted: 1 is the speed of light; 2 took twice as long."""
+        return self.m.ms / self.predicted_ms
+
+    @property
+    def share(self) -> float:
+        """The fraction of the bound reached: predicted / measured."""
+        return self.predicted_ms / self.m.ms
+
+
+@cache
+def held() -> tuple[Held, ...]:
+    """Every row with its prediction."""
+    out = []
+    for m in measurements():
+        b = predict(m).bytes_per_token
+        out.append(Held(m, b, 1e3 * b / (m.bandwidth_gbs * 1e9)))
+    return tuple(out)
+
+
+def summary(rows: list[Held], key: Callable[[Held], str]) -> list[dict]:
+    """Per group: rows, sources, and the fraction of the bound reached (median, range)."""
+    groups: dict[str, list[Held]] = {}
+    for h in rows:
+        groups.setdefault(key(h), []).append(h)
+    out = []
+    for name, hs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        shares = [h.share for h in hs]
+        out.append({"group": name, "rows": len(hs), "sources": len({h.m.source for h in hs}),
+                    "median": statistics.median(shares), "min": min(shares),
+                    "max": max(shares)})  # fmt: skip
+    return out
+
+
+def points(rows: Sequence[Held]) -> list[Point]:
+    return [Point(h.predicted_ms, h.m.ms, h.m.hw_class, h.m.engine, h.m.source) for h in rows]
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The expected ms/token beside a bound, the fit behind it, and how far that fit's
+    kind of prediction landed from rows it was not fitted on."""
+
+    ms: float
+    fit: Fit
+    spread: dict[str, float]  # held out by source, the class's rows: rows, median, p90
+
+
+def expected(hw_class: str, engine: str, predicted_ms: float,
+             pts: Sequence[Point] | None = None) -> Expected | None:  # fmt: skip
+    """What the rows say a token bounded at `predicted_ms` takes on a device of this class
+    running `engine`: the published rows, or `pts` (this machine's own); None when the
+    class has too few rows."""
+    pts = points(held()) if pts is None else pts
+    if sum(p.hw_class == hw_class for p in pts) < MIN_ROWS:
+        return None
+    f = best_fit(pts, Point(predicted_ms, predicted_ms, hw_class, engine, ""))
+    out = [h for h in leave_one_source_out(pts) if h.point.hw_class == hw_class]
+    return Expected(f.expect(predicted_ms), f, spread(out))
+
+
+def report(rows: list[Held], all_rows: bool = False) -> str:
+    """Markdown: the fraction of the bound reached by class, engine and source; the
+    calibrated prediction's error on held-out sources by class; every row if asked."""
+    lines = [f"{len(rows)} published measurements, {len({h.m.source for h in rows})} sources "
+             "(bench/published): predicted = bytes per token / the row's bandwidth; "
+             "reached = predicted / measured (1 = the speed of light)."]  # fmt: skip
+    keys = (("hardware class", lambda h: h.m.hw_class), ("engine", lambda h: h.m.engine),
+            ("source", lambda h: h.m.source))  # fmt: skip
+    for title, key in keys:
+        lines += ["", f"| {title} | rows | sources | reached, median | min | max |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
+                  f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
+    loso = leave_one_source_out(points(rows))
+    lines += ["", "Calibrated: measured = predicted / eta + t0, fitted per hardware class and "
+              "engine (else per class, else on all rows); each source's rows predicted by the "
+              "fit of the other sources' rows (leave one source out):", "",
+              "| hardware class | rows | held-out abs error, median | 90th percentile | fits |",
+              "|---|---:|---:|---:|---|"]  # fmt: skip
+    for cls in (*HW_CLASSES, "all"):
+        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
+        if hs:
+            s = spread(hs)
+            fits = ", ".join(sorted({h.fit.group for h in hs}))
+            lines.append(f"| {cls} | {s['rows']} | {100 * s['median']:.0f}% | "
+                         f"{100 * s['p90']:.0f}% | {fits} |")  # fmt: skip
+    if all_rows:
+        lines += ["", "| source | hardware | GB/s | engine | model | weights | depth | MB/token | "
+                  "predicted ms | measured ms | reached |",
+                  "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {h.m.source} | {h.m.hardware} | {h.m.bandwidth_gbs:g} | {h.m.engine} | "
+                  f"{h.m.model} | {h.m.weights} | {h.m.depth} | {h.bytes_per_token / 1e6:.0f} "
+                  f"| {h.predicted_ms:.2f} | {h.m.ms:.2f} | {h.share:.2f} |"
+                  for h in rows]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(rows: list[Held], path) -> None:
+    """Measured against predicted ms/token, by hardware class, log-log, with the bound."""
+    from .report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for cls in HW_CLASSES:
+        hs = [h for h in rows if h.m.hw_class == cls]
+        if hs:
+            ax.scatter([h.predicted_ms for h in hs], [h.m.ms for h in hs], s=14, label=cls,
+                       alpha=0.7)  # fmt: skip
+    lo = min(h.predicted_ms for h in rows) * 0.8
+    hi = max(h.m.ms for h in rows) * 1.2
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="measured = predicted (the bound)")
+    ax.set(xscale="log", yscale="log", xlabel="predicted ms/token (bytes / bandwidth)",
+           ylabel="measured ms/token", title=f"{len(rows)} published measurements")  # fmt: skip
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
