@@ -66,14 +66,14 @@ def groups(p: Point) -> list[tuple[str, Callable[[Point], bool]]]:
     ]
 
 
-def best_fit(points: Sequence[Point], like: Point, exclude: str | None = None) -> Fit:
+def best_fit(points: Sequence[Point], like: Point, exclude: str | None = None) -> Fit | None:
     """The fit for a point like `like`: the narrowest group with MIN_ROWS rows (not from
-    source `exclude`)."""
+    source `exclude`); None if no group has that many."""
     for name, member in groups(like):
         rows = [q for q in points if member(q) and q.source != exclude]
         if len(rows) >= MIN_ROWS:
             return fit(rows, name)
-    raise ValueError("fewer rows than a fit needs")
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,17 @@ class Held:
 
 
 def leave_one_source_out(points: Sequence[Point]) -> list[Held]:
-    """Every point predicted by the fit of the other sources' points."""
-    return [Held(p, best_fit(points, p, exclude=p.source)) for p in points]
+    """Every point predicted by the fit of the other sources' points (those the others
+    cannot fit are left out)."""
+    fits = [(p, best_fit(points, p, exclude=p.source)) for p in points]
+    return [Held(p, f) for p, f in fits if f is not None]
 
 
 def spread(held: Sequence[Held]) -> dict[str, float]:
-    """Median and 90th percentile of |error|, and the rows."""
+    """Median and 90th percentile of |error|, and the rows (NaN without rows)."""
     errors = sorted(abs(h.error) for h in held)
+    if not errors:
+        return {"rows": 0, "median": float("nan"), "p90": float("nan")}
     return {"rows": len(errors), "median": statistics.median(errors),
             "p90": float(np.percentile(errors, 90))}  # fmt: skip
 

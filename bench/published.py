@@ -298,6 +298,8 @@ def expected(hw_class: str, engine: str, predicted_ms: float,
     if sum(p.hw_class == hw_class for p in pts) < MIN_ROWS:
         return None
     f = best_fit(pts, Point(predicted_ms, predicted_ms, hw_class, engine, ""))
+    if f is None:
+        return None
     out = [h for h in leave_one_source_out(pts) if h.point.hw_class == hw_class]
     return Expected(f.expect(predicted_ms), f, spread(out))
 

@@ -16,7 +16,10 @@ Per engine and round: prefill of a 128-token prompt (tok/s), then 64 greedy deco
 the peers, the speed-of-light model's count of their format at rest.
 
     .venv/bin/python scripts/compare_peers.py                  # SmolLM2-135M, 2 threads
-    .venv/bin/python scripts/compare_peers.py --rounds 5 --md out.md
+    .venv/bin/python scripts/compare_peers.py -m qwen2.5-coder-0.5b --rounds 3 --json out.json
+    .venv/bin/python scripts/compare_peers.py --batch 4,16,64   # batched decode (peers_batch.py)
+
+scripts/results.sh runs both for docs/results.md; llama.cpp comes from scripts/llama_cpp.sh.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
+from peers_files import gguf_bytes_per_token, write_gguf
 
 import llama_np
 from arch import Config
@@ -106,17 +110,10 @@ class Transformers(Engine):
 
 class LlamaCpp(Engine):
     def __init__(self, gguf: Path, label: str, threads: int, config: Config) -> None:
-        import llama_cpp.llama_cpp as llama_cpp  # the module llama_cpp.Llama reads
         from llama_cpp import Llama
 
-        defaults = llama_cpp.llama_model_default_params
-
-        def no_repack():  # as scripts/peers_batch.py: the AMX repacking segfaults on the Xeon
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        llama_cpp.llama_model_default_params = no_repack
+        # built for this CPU without AMX (scripts/llama_cpp.sh): the weight repacking of
+        # its AVX-512 / AVX2 paths stays on, as a user's build has it
         self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                          logits_all=False, verbose=False)  # fmt: skip
         self.name = f"llama.cpp {label}"
@@ -130,50 +127,6 @@ class LlamaCpp(Engine):
     def step(self, token: int) -> np.ndarray:
         self.llm.eval([token])
         return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
-
-
-def gguf_bytes_per_token(path: Path, config: Config, pos: int) -> float:
-    """What a decode step reads from a GGUF at rest: every matrix and vector as stored
-    (the embedding table once for its row, counted as that row, unless it is also the
-    head), plus llama.cpp's default float16 KV cache at `pos`."""
-    import gguf
-
-    total = 0.0
-    tensors = gguf.GGUFReader(path).tensors
-    tied = not any(t.name == "output.weight" for t in tensors)
-    for t in tensors:
-        if t.name == "token_embd.weight":
-            row = t.n_bytes / int(t.shape[1])
-            total += row + (t.n_bytes if tied else 0)
-        else:
-            total += t.n_bytes
-    return total + estimate(config, "f32", kv="f16", pos=pos).kv_bytes
-
-
-def write_gguf(src: Path, dst: Path, qtype: str) -> Path:
-    """The same weights as `src` in another GGML type (via float32), metadata copied."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-
-    if dst.exists():
-        return dst
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    target = gguf.GGMLQuantizationType[qtype]
-    for t in reader.tensors:
-        values = dequantize(t.data, t.tensor_type).reshape([int(n) for n in reversed(t.shape)])
-        kind = target if values.ndim == 2 else gguf.GGMLQuantizationType.F32
-        w.add_tensor(t.name, quantize(values.astype(np.float32), kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def run_round(engine: Engine, ids: list[int]) -> tuple[float, float]:
@@ -293,6 +246,22 @@ def table(results: dict, sizes: dict) -> str:
     return "\n".join(lines)
 
 
+def run(model: str, threads: int, rounds: int, kernels: str, work: Path | None = None) -> dict:
+    """Every engine on the model's file, in interleaved rounds: {"machine", "model", "file",
+    "threads", "rounds": {engine: [[prefill tok/s, decode ms], ...]}, "bytes_per_token"}."""
+    machine = machine_id(threads)  # before a peer's import loads its own OpenMP
+    path = resolve_model(model)
+    work = work or path.parent / f"compare-{path.stem}"
+    work.mkdir(parents=True, exist_ok=True)
+    text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
+    with llama_np.load(path, threads=1) as llm:
+        ids = llm.tokenize(text, bos=False)[:PROMPT_TOKENS]
+    args = argparse.Namespace(model=model, threads=threads, kernels=kernels)
+    results, sizes = run_rounds(start_engines(args, path, work, ids), rounds)
+    return {"machine": machine, "model": model, "file": path.name, "threads": threads,
+            "rounds": results, "bytes_per_token": sizes}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,7 +270,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None, help="where to write the converted GGUF files")
-    ap.add_argument("--md", help="also write the table to this file")
+    ap.add_argument("--json", help="also write the rounds to this file")
     ap.add_argument(
         "--kernels",
         default="numba-f32,numba-int16,numba-int8,numpy",
@@ -313,54 +282,19 @@ def main() -> None:
                     help="with --batch: llama-np formats, each against llama.cpp's (default: %(default)s)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=16, help="with --batch: timed steps per B")
     args = ap.parse_args()
-    machine = machine_id(args.threads)  # before a peer's import loads its own OpenMP
-    path = resolve_model(args.model)
-    work = Path(args.work or path.parent / f"compare-{path.stem}")
-    work.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work) if args.work else None
     if args.batch:
-        compare_batches(args, path, work, machine)
-        return
-    text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
-    with llama_np.load(path, threads=1) as llm:
-        ids = llm.tokenize(text, bos=False)[:PROMPT_TOKENS]
-    results, sizes = run_rounds(start_engines(args, path, work, ids), args.rounds)
-    text = table(results, sizes)
-    print(text)
-    if args.md:
-        head = (
-            f"# llama-np against its peers\n\nMachine: {machine}. Model: "
-            f"{path.name}. {args.rounds} interleaved rounds; ratios are medians of per-round "
-            f"ratios. Command: `scripts/compare_peers.py -m {args.model} --rounds {args.rounds} "
-            f"--md {args.md}`."
-            "\n\n"
-        )
-        Path(args.md).write_text(head + text + "\n")
-        raw = {"threads": args.threads, "rounds": results, "bytes_per_token": sizes}
-        Path(args.md).with_suffix(".json").write_text(json.dumps(raw, indent=1))
+        import peers_batch
 
-
-def compare_batches(args, path: Path, work: Path, machine: str) -> None:
-    import peers_batch
-
-    batches = [int(b) for b in args.batch.split(",")]
-    native = NATIVE.get(args.model, "native")
-    theirs = {"f32": "F32", "q8_0": "Q8_0", "stored": native}
-    formats = args.formats.split(",")
-    specs = [s for f in formats for s in (("llama-np", None if f == "stored" else f),
-                                          ("llama.cpp", theirs[f]))]  # fmt: skip
-    results = peers_batch.run(path, work, specs, args.threads, batches, args.rounds, args.steps)
-    names = list(results)
-    text = peers_batch.table(results, batches, list(zip(names[::2], names[1::2], strict=True)))
-    print(text)
-    if args.md:
-        cmd = (f"scripts/compare_peers.py -m {args.model} --batch {args.batch} --formats "
-               f"{args.formats} --rounds {args.rounds} --md {args.md}")  # fmt: skip
-        head = (f"# Batched decode against llama.cpp\n\nMachine: {machine}. Model: {path.name}. "
-                f"{args.threads} threads, {peers_batch.PROMPT}-token prompt per sequence, "
-                f"{args.steps} timed steps per B, {args.rounds} interleaved rounds. Command: "
-                f"`{cmd}`.\n\n")  # fmt: skip
-        Path(args.md).write_text(head + text + "\n")
-        Path(args.md).with_suffix(".json").write_text(json.dumps(results, indent=1))
+        batches = [int(b) for b in args.batch.split(",")]
+        out = peers_batch.compare(args.model, args.threads, batches, args.formats.split(","),
+                                  args.rounds, args.steps, work)  # fmt: skip
+        print(peers_batch.table(out))
+    else:
+        out = run(args.model, args.threads, args.rounds, args.kernels, work)
+        print(table(out["rounds"], out["bytes_per_token"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

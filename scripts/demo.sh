@@ -13,5 +13,4 @@ echo "--- a story from SmolLM2-135M-Instruct (Q4_1; the first run compiles the k
 echo "--- the bandwidth report (llama-np bench; the probe runs once and is cached) ---" >&2
 echo "the same model both ways: NumPy kernels spend their time converting codes to float32;" >&2
 echo "compiled kernels read the codes as stored, and the token costs about its bytes" >&2
-"$VENV/bin/llama-np" bench -m smollm2-135m --kernels numpy -p 16 -n 32 -r 3
-"$VENV/bin/llama-np" bench -m smollm2-135m --kernels numba -p 16 -n 32 -r 3 | tail -n 1
+"$VENV/bin/llama-np" bench -m smollm2-135m --kernels numpy,numba -p 16 -n 32 -r 3

@@ -49,13 +49,13 @@ class TheirsBatch:
     def __init__(self, path: Path, label: str, threads: int, most: int, n: int) -> None:
         import llama_cpp as lc
 
+        self.quiet = lc.llama_log_callback(lambda level, text, data: None)  # kept alive here
+        lc.llama_log_set(self.quiet, None)  # the load's log lines are not the measurement's
         lc.llama_backend_init()
         self.lc = lc
+        # built for this CPU without AMX (scripts/llama_cpp.sh; its AMX path crashed in
+        # llama-cpp-python on a Xeon): the repacking of the AVX-512 / AVX2 paths stays on
         mp = lc.llama_model_default_params()
-        # llama-cpp-python 0.3.36's weight repacking (the AMX buffers on Intel Xeons)
-        # segfaulted in the first llama_decode on the Xeon VM, Llama.eval included; without
-        # it llama.cpp multiplies the weights as stored.
-        mp.use_extra_bufts = False
         self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
         p = lc.llama_context_default_params()
         p.n_ctx = most * (PROMPT + n + 8)
@@ -90,7 +90,7 @@ class TheirsBatch:
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, batches: list[int],
           n: int) -> None:  # fmt: skip
-    from compare_peers import write_gguf
+    from peers_files import write_gguf
 
     kind, arg = spec
     if kind == "llama-np":
@@ -127,18 +127,46 @@ def run(path: Path, work: Path, pairs: list[tuple], threads: int, batches: list[
     return results
 
 
-def table(results: dict, batches: list[int], pairs: list[tuple[str, str]]) -> str:
+NATIVE = {"smollm2-135m": "Q4_1", "qwen2.5-coder-0.5b": "Q4_K_M"}  # llama.cpp's labels
+
+
+def compare(model: str, threads: int, batches: list[int], formats: list[str], rounds: int,
+            steps: int, work: Path | None = None) -> dict:  # fmt: skip
+    """llama-np against llama.cpp, format by format ("f32", "q8_0", "stored"): {"machine",
+    "model", "threads", "batches", "pairs": [[ours, theirs], ...], "rounds": {engine:
+    {B: [median step ms per round]}}}."""
+    from bench.probe import machine_id
+    from llama_np.io.hub import resolve_model
+
+    machine = machine_id(threads)
+    path = resolve_model(model)
+    work = work or path.parent / f"compare-{path.stem}"
+    work.mkdir(parents=True, exist_ok=True)
+    theirs = {"f32": "F32", "q8_0": "Q8_0", "stored": NATIVE.get(model, "native")}
+    specs = [s for f in formats for s in (("llama-np", None if f == "stored" else f),
+                                          ("llama.cpp", theirs[f]))]  # fmt: skip
+    results = run(path, work, specs, threads, batches, rounds, steps)
+    names = list(results)
+    return {"machine": machine, "model": model, "file": path.name, "threads": threads,
+            "batches": batches, "steps": steps, "pairs": list(zip(names[::2], names[1::2], strict=True)),
+            "rounds": {n: {str(b): ms for b, ms in r.items()} for n, r in results.items()}}  # fmt: skip
+
+
+def ratio(out: dict, ours: str, theirs: str, b: int) -> float:
+    """llama-np's tok/s over llama.cpp's at batch b: the median of per-round ratios."""
+    mine, other = out["rounds"][ours][str(b)], out["rounds"][theirs][str(b)]
+    return statistics.median(t / o for o, t in zip(mine, other, strict=True))
+
+
+def table(out: dict) -> str:
     lines = ["| engine | B | step ms (median of rounds; all) | tok/s | llama-np / llama.cpp "
              "tok/s (median of per-round ratios) |", "|---|---:|---|---:|---:|"]  # fmt: skip
-    for ours, theirs in pairs:
-        for b in batches:
+    for ours, theirs in out["pairs"]:
+        for b in out["batches"]:
             for name in (ours, theirs):
-                ms = results[name][b]
-                ratio = ""
-                if name == ours:
-                    per_round = [t / o for o, t in zip(ms, results[theirs][b], strict=True)]
-                    ratio = f"{statistics.median(per_round):.2f}"
+                ms = out["rounds"][name][str(b)]
+                r = f"{ratio(out, ours, theirs, b):.2f}" if name == ours else ""
                 runs = ", ".join(f"{m:.1f}" for m in ms)
                 lines.append(f"| {name} | {b} | {statistics.median(ms):.1f} ({runs}) | "
-                             f"{1e3 * b / statistics.median(ms):.1f} | {ratio} |")  # fmt: skip
+                             f"{1e3 * b / statistics.median(ms):.1f} | {r} |")  # fmt: skip
     return "\n".join(lines)

@@ -1,30 +1,27 @@
 #!/usr/bin/env python3
 """Hold the speed-of-light model against measurements, on both kernel backends: a sweep of
-weight formats x KV depths (x window, x KV format) on the real SmolLM2-135M and on
-synthetic models many times larger than the last-level cache. Writes a markdown report
-and a plot of predicted vs measured ms/token. Predictions use this machine's attainable
-bandwidth, probed afresh at the start (bandwidth drifts with the other tenants).
+weight formats x KV depths (x window, x KV format) on the real SmolLM2-135M and Qwen2.5-
+Coder-0.5B and on synthetic models many times larger than the last-level cache; and, with
+--batch, decode steps of B = 1..64 sequences (the roofline's knee). scripts/results.sh
+runs both into docs/results.md; alone, this prints the markdown of one sweep.
 
-    .venv/bin/python scripts/validate_sol.py --out docs/validation
-    .venv/bin/python scripts/validate_sol.py --batch --out docs/batching   # the roofline's knee
+    .venv/bin/python scripts/validate_sol.py [--quick]
+    .venv/bin/python scripts/validate_sol.py --batch [--quick]
 
-With --batch: decode steps of B = 1..64 sequences on TinyLlama-1.1B (f32, q8_0) and the real
-Qwen2.5-Coder-0.5B as stored, at depth 0 and 4096, each step held against max(bytes / the
-probed DRAM bandwidth, FLOPs / the probed ceiling of the arithmetic its kernels run).
+Each row is held against max(bytes / the probe's bandwidth at the row's working set,
+FLOPs / the ceiling of the arithmetic its kernels run).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import report
-from bench.probe import Caches, Probe, curve_text, run_probe, save_probe
+from bench.probe import Probe, run_probe
 from bench.runner import Row, Settings, run
 from llama_np.api import load
 from llama_np.model.decoder import Decoder
@@ -67,6 +64,14 @@ BATCH_SWEEPS = [
     Sweep("synthetic:tinyllama-1.1b", "numba", ["f32", "q8_0"], (0, 4096)),
     Sweep("qwen2.5-coder-0.5b", "numba", [None], (0, 4096)),
 ]
+# --quick: a few minutes
+QUICK = [
+    Sweep("smollm2-135m", "numba-int16", ["q8_0", None], (0, 1024)),
+    Sweep("smollm2-135m", "numba-f32", ["f32"], (0,)),
+    Sweep("synthetic:smollm2-360m", "numba-int16", ["q4_0"], (0,)),
+]
+QUICK_BATCHES = (1, 4, 16)
+QUICK_BATCH_SWEEPS = [Sweep("smollm2-135m", "numba", ["q8_0", None], (0,))]
 
 
 def sweep(sw: Sweep, weights: str | None, s: Settings, probe: Probe, threads: int) -> list[Row]:
@@ -103,43 +108,34 @@ def verdict(r: Row) -> str:
     return "memory-bound, below the probe's bandwidth (many matrices, a hand-over each)"
 
 
+def measure(probe: Probe, threads: int, batch: bool, quick: bool, n: int = 32,
+            reps: int = 3) -> list[Row]:  # fmt: skip
+    """Every row of the sweep (the batch sweep with `batch`; a short one with `quick`)."""
+    sweeps = (QUICK_BATCH_SWEEPS if quick else BATCH_SWEEPS) if batch else (
+        QUICK if quick else SWEEPS)  # fmt: skip
+    batches = (QUICK_BATCHES if quick else BATCHES) if batch else ()
+    s = Settings(prompt=16, n=n, reps=reps, batch=batches)
+    rows: list[Row] = []
+    for sw in sweeps:
+        for weights in sw.weights:
+            print(f"validate_sol: {sw.model} {sw.kernels} {weights or 'as stored'}",
+                  file=sys.stderr)  # fmt: skip
+            rows += sweep(sw, weights, s, probe, threads)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default="docs/validation", help="output path without suffix")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("-n", type=int, default=32, help="decode steps per round")
-    ap.add_argument("-r", "--reps", type=int, default=3)
-    ap.add_argument("--render", action="store_true",
-                    help="re-render OUT.md and OUT.png from OUT.json without measuring")  # fmt: skip
-    ap.add_argument("--batch", action="store_true",
-                    help=f"sweep batches {','.join(map(str, BATCHES))} instead (the roofline's knee)")  # fmt: skip
+    ap.add_argument("--batch", action="store_true", help="the batch sweep (the roofline's knee)")
+    ap.add_argument("--quick", action="store_true", help="a short sweep")
     args = ap.parse_args()
-    out = Path(args.out)
-    if args.render:
-        saved = json.loads(out.with_suffix(".json").read_text())
-        probe = Probe(**{**saved["probe"], "caches": Caches(**saved["probe"]["caches"])})
-        # rows saved before they carried their working set: the speed-of-light bytes
-        rows = [Row(**{"working_set": r["sol_bytes_per_token"]} | r) for r in saved["rows"]]
-        (write_batch if rows and rows[0].batched else write)(out, rows, probe)
-        return
     threads = args.threads or usable_cores()
-    print("validate_sol: probing this machine's bandwidth", file=sys.stderr)
     probe = run_probe(threads)
-    save_probe(probe)
-    s = Settings(prompt=16, n=args.n, reps=args.reps, batch=BATCHES if args.batch else ())
-    rows: list[Row] = []
-    for sw in BATCH_SWEEPS if args.batch else SWEEPS:
-        for weights in sw.weights:
-            print(
-                f"validate_sol: {sw.model} {sw.kernels} {weights or 'as stored'}", file=sys.stderr
-            )
-            rows += sweep(sw, weights, s, probe, threads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    raw = {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows]}
-    out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
-    (write_batch if args.batch else write)(out, rows, probe)
+    rows = measure(probe, threads, args.batch, args.quick)
+    print((batch_markdown if args.batch else markdown)(rows))
 
 
 def knee(r: Row) -> str:
@@ -151,21 +147,9 @@ def knee(r: Row) -> str:
     return f"{side} B* ({r.bound}-bound): {held}"
 
 
-def write_batch(out: Path, rows: list[Row], probe: Probe) -> None:
-    """The batch table, a verdict per row, and the step-time / tokens-per-second plot."""
+def batch_markdown(rows: list[Row]) -> str:
+    """The batch table and a verdict per row."""
     lines = [
-        "# Batching: where decode turns compute-bound",
-        "",
-        f"Machine: {probe.machine}. Attainable bandwidth by working set (`llama-np probe`, at "
-        f"the start of this run): {curve_text(probe)}. Arithmetic ceilings, best of runs until two agree within 10%: "
-        f"BLAS sgemm {probe.sgemm_gflops:.0f} GFLOPS, compiled batch kernel f32 "
-        f"{probe.compiled_gflops:.0f}, q8_0 (dequantize + multiply) {probe.compiled_q_gflops:.0f}. "
-        "Prediction per step: max(bytes / the curve's bandwidth at the step's working set, "
-        "FLOPs / the ceiling of the "
-        "arithmetic the row's kernels run); B* the batch where the terms meet. Batch 1 runs "
-        "the fused matvec kernels (their compute term uses sgemm's ceiling). Command: "
-        "`scripts/validate_sol.py --batch --out docs/batching`.",
-        "",
         report.markdown(rows),
         "",
         "| model | weights | depth | B | step ms | SOL ms | measured / SOL | B* | verdict |",
@@ -174,24 +158,12 @@ def write_batch(out: Path, rows: list[Row], probe: Probe) -> None:
     lines += [f"| {r.model} | {r.weights} | {r.depth} | {r.batch} | {r.step_ms:.1f} | "
               f"{(r.sol_ms or 0):.1f} | {(r.measured_over_sol or 0):.2f} | "
               f"{(r.ridge_batch or 0):.1f} | {knee(r)} |" for r in rows]  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    report.plot_batch(rows, out.with_suffix(".png"), probe.machine)
-    print(f"validate_sol: wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}",
-          file=sys.stderr)  # fmt: skip
+    return "\n".join(lines)
 
 
-def write(out: Path, rows: list[Row], probe: Probe) -> None:
-    """The table, the verdicts and the plot."""
+def markdown(rows: list[Row]) -> str:
+    """The table and a verdict per row."""
     lines = [
-        "# Speed of light vs measured",
-        "",
-        f"Machine: {probe.machine}. Attainable bandwidth by working set (`llama-np probe`, the "
-        f"best of sgemv and the compiled f32 matvec, probed at the start of this run): "
-        f"{curve_text(probe)}; sgemm {probe.sgemm_gflops:.0f} GFLOPS. Prediction: max(bytes / "
-        "the curve's bandwidth at the row's working set (its bytes per token, interpolated; "
-        "the column 'attainable GB/s'), FLOPs / sgemm peak). Bytes are counted in each "
-        "backend's own memory layout. Command: `scripts/validate_sol.py`.",
-        "",
         report.markdown(rows),
         "",
         "| model | kernels | weights | kv | depth | window | measured / predicted | verdict |",
@@ -199,12 +171,7 @@ def write(out: Path, rows: list[Row], probe: Probe) -> None:
     ]
     lines += [f"| {r.model} | {r.kernels} | {r.weights} | {r.kv} | {r.depth} | {r.window or '-'} | "
               f"{(r.measured_over_sol or 0):.2f} | {verdict(r)} |" for r in rows]  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plot(rows, out.with_suffix(".png"), probe.machine)
-    print(
-        f"validate_sol: wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}",
-        file=sys.stderr,
-    )
+    return "\n".join(lines)
 
 
 def plot(rows: list[Row], path: Path, machine: str) -> None:

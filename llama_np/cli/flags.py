@@ -168,8 +168,19 @@ PROBE_ARGS = [
     (("--refresh",), dict(action="store_true", help="measure again instead of using the cached result")),
     (("--json",), dict(action="store_true", help="print JSON")),
 ]
+def kernels_list(text: str) -> list[str]:
+    """bench's --kernels: one choice or several, comma-separated."""
+    values = text.split(",")
+    for v in values:
+        if v not in KERNELS:
+            raise argparse.ArgumentTypeError(f"unknown kernels {v!r} (known: {', '.join(KERNELS)})")
+    return values
+
+
 BENCH_ARGS = [
-    *[(names, kw | dict(choices=sorted(FORMATS), help=kw["help"] + "; a synthetic model takes the K-quants too (random codes)")) if names[0] in ("--weights", "--head") else (names, kw) for names, kw in MODEL_ARGS],
+    *[(names, kw | dict(choices=sorted(FORMATS), help=kw["help"] + "; a synthetic model takes the K-quants too (random codes)")) if names[0] in ("--weights", "--head")
+      else (names, kw | dict(type=kernels_list, default=["auto"], choices=None, help=kw["help"] + "; bench takes several, comma-separated (numpy,numba): their rows in one table")) if names[0] == "--kernels"
+      else (names, kw) for names, kw in MODEL_ARGS],
     KV_ARG,
     (("-p", "--prompt"), dict(type=positive_int, default=32, help="prefill tokens (default: %(default)s)")),
     (("-n", "--n-predict"), dict(type=positive_int, default=128, help="decode steps per repetition (default: %(default)s)")),

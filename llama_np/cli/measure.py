@@ -213,13 +213,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"give -n of at least {warmup + 1}")  # fmt: skip
     threads = args.threads or usable_cores()
     device = device_of(args)
-    with bench_model(args, threads) as model:
-        window = args.window if args.window is not None else model.config.sliding_window
-        s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
-                     profile=args.profile, batch=args.batch)  # fmt: skip
-        probe = probe_for(threads)
-        dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
-        rows = run(dec, s, probe, device)
+    probe = probe_for(threads)
+    rows = []
+    for kernels in args.kernels:  # one table, a backend after the other
+        with bench_model(args, threads, kernels) as model:
+            window = args.window if args.window is not None else model.config.sliding_window
+            s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
+                         profile=args.profile, batch=args.batch)  # fmt: skip
+            dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
+            rows += run(dec, s, probe, device)
     print_rows(rows, args, {"threads": threads, "machine": probe.machine})
     if args.plot:
         from bench import report
@@ -230,13 +232,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_model(args: argparse.Namespace, threads: int) -> Transformer:
-    """The model to measure, its kernels started: a checkpoint, or `synthetic:SHAPE`."""
+def bench_model(args: argparse.Namespace, threads: int, kernels: str) -> Transformer:
+    """The model to measure on these kernels, started: a checkpoint, or `synthetic:SHAPE`."""
     from llama_np.api import choose_backend, load
     from llama_np.model.synthetic import SYNTHETIC, synthetic_model
 
     if args.model.startswith(SYNTHETIC):
-        backend = choose_backend(args.kernels)
+        backend = choose_backend(kernels)
         try:
             model = synthetic_model(args.model, args.weights, args.head, backend)
         except ConfigError as e:
@@ -249,7 +251,7 @@ def bench_model(args: argparse.Namespace, threads: int) -> Transformer:
             raise UsageError(f"--weights/--head {f}: K-quants are read as stored, never "
                              "written; only synthetic: models take them")  # fmt: skip
     llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
-               kernels=args.kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
+               kernels=kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
     return llm.model
 
 

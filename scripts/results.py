@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Every figure the README and docs/ show, measured on this machine: the probe, the
+speed-of-light validation sweep, the batch sweep, llama.cpp and transformers side by side
+(one sequence, and batched), perplexity, and the published measurements of machines we do
+not have. Writes docs/results.json (the data, each section stamped with CPU, date, commit
+and command), docs/results.md and its plots (rendered from the JSON), and the README's
+results block. Run it through scripts/results.sh, which installs what it needs.
+
+    scripts/results.sh                       # everything (about an hour on 2 vCPUs)
+    scripts/results.sh --quick               # a short version of every section (minutes)
+    scripts/results.sh --only peers,probe    # some sections; the others keep their data
+    .venv/bin/python scripts/results.py --render   # redraw docs/ and the README from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import validate_sol
+
+import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
+from bench import calibrate, published, report
+from bench.probe import Caches, Probe, curve_text, run_probe, save_probe, size_label
+from bench.runner import Row
+from quant.host import usable_cores
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "perplexity",
+            "published"]  # fmt: skip
+MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
+
+
+# --- stamps ------------------------------------------------------------------------------
+
+
+def cpu() -> str:
+    """The CPU as a reader can compare it: model name, family/model, the SIMD that matters."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = dict(re.findall(r"^(model name|cpu family|model|flags)\s*:\s*(.*)$", info, re.M))
+    flags = set(field.get("flags", "").split())
+    simd = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"),
+                                    ("avx512_bf16", "BF16"), ("amx_int8", "AMX"))
+            if flag in flags] or (["AVX2"] if "avx2" in flags else [])  # fmt: skip
+    name = field.get("model name", platform.processor() or platform.machine())
+    fam = f"family {field['cpu family']} model {field['model']}, " if "cpu family" in field else ""
+    return f"{name} ({fam}{', '.join(simd) or 'no AVX2'}), {usable_cores()} cores"
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def stamp(command: str) -> dict[str, str]:
+    return {"cpu": cpu(), "date": datetime.date.today().isoformat(), "commit": commit(),
+            "command": command}  # fmt: skip
+
+
+def stamp_line(s: dict[str, str]) -> str:
+    return f"*{s['cpu']}; {s['date']}, commit {s['commit']}; `{s['command']}`*"
+
+
+# --- sections: measure (-> JSON) and render (JSON -> markdown) ---------------------------
+
+
+def measure_probe(ctx: argparse.Namespace) -> dict:
+    ctx.probe = run_probe(ctx.threads)
+    save_probe(ctx.probe)
+    return {"probe": dataclasses.asdict(ctx.probe)}
+
+
+def probe_of(data: dict) -> Probe:
+    d = data["probe"]
+    return Probe(**{**d, "caches": Caches(**d["caches"])})
+
+
+def render_probe(data: dict, plots: Path) -> str:
+    p = probe_of(data)
+    lines = ["| working set | tier (label) | sgemv GB/s | compiled f32 matvec GB/s | "
+             "attainable GB/s |", "|---:|---|---:|---:|---:|"]  # fmt: skip
+    compiled = p.compiled_gbs or [0.0] * len(p.sizes)
+    for s, g, c, a in zip(p.sizes, p.sgemv_gbs, compiled, p.best_gbs(), strict=True):
+        lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c:.1f} | {a:.1f} |")
+    lines += ["", f"Arithmetic: BLAS sgemm {p.sgemm_gflops:.0f} GFLOPS (1024^3; runs "
+              f"{', '.join(f'{r:.0f}' for r in p.sgemm_runs)}); the compiled batch kernel "
+              f"{p.compiled_gflops:.0f} (f32) and {p.compiled_q_gflops:.0f} (q8_0) GFLOPS."]  # fmt: skip
+    if slow := p.slow_compiled():
+        lines.append(f"The compiled f32 matvec streams under 0.9 of sgemv at "
+                     f"{', '.join(size_label(s) for s in slow)}.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def rows_of(data: dict) -> list[Row]:
+    return [Row(**r) for r in data["rows"]]
+
+
+def measure_validation(ctx: argparse.Namespace) -> dict:
+    rows = validate_sol.measure(ctx.probe, ctx.threads, False, ctx.quick)
+    calibrate.save_local(ctx.probe.machine, [dataclasses.asdict(r) for r in rows])
+    return {"probe": dataclasses.asdict(ctx.probe), "rows": [dataclasses.asdict(r) for r in rows]}
+
+
+def render_validation(data: dict, plots: Path) -> str:
+    rows, probe = rows_of(data), probe_of(data)
+    validate_sol.plot(rows, plots / "validation.png", probe.machine)
+    pts = [calibrate.Point(r.sol_ms, r.decode_ms, "this machine", "llama-np", r.model)
+           for r in rows if r.sol_ms]  # fmt: skip
+    fit, held = calibrate.fit(pts, "this machine"), calibrate.leave_one_source_out(pts)
+    s = calibrate.spread(held)
+    return "\n".join([
+        f"Attainable bandwidth by working set (the probe at the start of the run): "
+        f"{curve_text(probe)}; sgemm {probe.sgemm_gflops:.0f} GFLOPS.",
+        "", validate_sol.markdown(rows), "",
+        f"Calibrated on these rows: measured = SOL / {fit.eta:.2f} + {fit.t0_ms:.2f} ms; each "
+        f"model predicted by the fit of the others: |error| median {100 * s['median']:.0f}%, "
+        f"90th percentile {100 * s['p90']:.0f}% (`llama-np sol --device local` prints it).",
+        "", "![measured vs predicted](validation.png)",
+    ])  # fmt: skip
+
+
+def measure_batching(ctx: argparse.Namespace) -> dict:
+    rows = validate_sol.measure(ctx.probe, ctx.threads, True, ctx.quick, n=8, reps=2)
+    return {"probe": dataclasses.asdict(ctx.probe), "rows": [dataclasses.asdict(r) for r in rows]}
+
+
+def render_batching(data: dict, plots: Path) -> str:
+    rows = rows_of(data)
+    report.plot_batch(rows, plots / "batching.png", probe_of(data).machine)
+    return validate_sol.batch_markdown(rows) + "\n\n![step time and tokens/s](batching.png)"
+
+
+def measure_peers(ctx: argparse.Namespace) -> dict:
+    import compare_peers
+
+    rounds, kernels = (2, "numba-int16") if ctx.quick else (5, "numba-int16,numba-f32,numpy")
+    return {m: compare_peers.run(m, ctx.threads, rounds, kernels)
+            for m in (MODELS[:1] if ctx.quick else MODELS)}  # fmt: skip
+
+
+def render_peers(data: dict, plots: Path) -> str:
+    import compare_peers
+
+    out = []
+    for model, d in data.items():
+        out += [f"{model} ({d['file']}), {d['threads']} threads, {len(next(iter(d['rounds'].values())))} "
+                "interleaved rounds; ratios are medians of per-round ratios:", "",
+                compare_peers.table(d["rounds"], d["bytes_per_token"]), ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def measure_peers_batch(ctx: argparse.Namespace) -> dict:
+    import peers_batch
+
+    batches, rounds = ([4, 16], 2) if ctx.quick else ([4, 16, 64], 3)
+    formats = ["stored"] if ctx.quick else ["f32", "q8_0", "stored"]
+    return {m: peers_batch.compare(m, ctx.threads, batches, formats, rounds, 16)
+            for m in (MODELS[:1] if ctx.quick else MODELS)}  # fmt: skip
+
+
+def render_peers_batch(data: dict, plots: Path) -> str:
+    import peers_batch
+
+    out = []
+    for model, d in data.items():
+        out += [f"{model} ({d['file']}), {d['threads']} threads, {d['steps']} timed steps per B:",
+                "", peers_batch.table(d), ""]  # fmt: skip
+    return "\n".join(out)
+
+
+PPL_TEXT = ROOT / "data" / "gpl-3.0.txt"
+
+
+def measure_perplexity(ctx: argparse.Namespace) -> dict:
+    from llama_np.api import load
+    from llama_np.generation.perplexity import perplexity
+
+    text = PPL_TEXT.read_text()
+    chunks, out = (2 if ctx.quick else 6), []
+    for model in MODELS[:1] if ctx.quick else MODELS:
+        for weights in [None] if ctx.quick else [None, "q8_0", "q4_0"]:
+            for kernels in ("numba-f32", "numba-int16", "numba-int8"):
+                with load(model, weights=weights, kernels=kernels, threads=ctx.threads) as llm:
+                    r = perplexity(llm, text, ctx=128, stepwise=True, chunks=chunks)
+                out.append({"model": model, "weights": weights or "as stored",
+                            "kernels": kernels, "ppl": r.ppl, "scored": r.scored})  # fmt: skip
+    return {"text": PPL_TEXT.name, "ctx": 128, "chunks": chunks, "rows": out}
+
+
+def render_perplexity(data: dict, plots: Path) -> str:
+    lines = [f"Perplexity of {data['text']} (windows of {data['ctx']}, the first "
+             f"{data['chunks']}, decode steps one token at a time, as generation runs them): "
+             "x in float32, rounded to int16 and to int8 per block of 32 before the quantized "
+             "products.", "", "| model | weights | f32 x | int16 x | int8 x | int16 / f32 | "
+             "int8 / f32 |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    by = {(r["model"], r["weights"], r["kernels"]): r["ppl"] for r in data["rows"]}
+    for model, weights in dict.fromkeys((r["model"], r["weights"]) for r in data["rows"]):
+        f, i16, i8 = (by[model, weights, k] for k in ("numba-f32", "numba-int16", "numba-int8"))
+        lines.append(f"| {model} | {weights} | {f:.4f} | {i16:.4f} | {i8:.4f} | "
+                     f"{i16 / f:.5f} | {i8 / f:.5f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def measure_published(ctx: argparse.Namespace) -> dict:
+    rows = published.held()
+    return {"rows": len(rows), "sources": len({h.m.source for h in rows})}
+
+
+def render_published(data: dict, plots: Path) -> str:
+    rows = list(published.held())
+    published.plot(rows, plots / "published.png")
+    return published.report(rows) + "\n\n![predicted vs measured](published.png)"
+
+
+TITLES = {
+    "probe": "Attainable bandwidth and arithmetic (`llama-np probe`)",
+    "validation": "The speed of light against measured decode, one sequence",
+    "batching": "Batches: where decode turns compute-bound",
+    "peers": "Against llama.cpp and transformers, one sequence",
+    "peers-batch": "Against llama.cpp, batched decode",
+    "perplexity": "What rounding x to integers costs",
+    "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
+}
+
+
+# --- the documents -----------------------------------------------------------------------
+
+
+def render(results: dict, plots: Path = DOCS) -> str:
+    """docs/results.md from the data; the plots drawn into `plots`."""
+    parts = ["# Results", "", "Every figure here is regenerated by `scripts/results.sh` (see "
+             "the README's \"Measure\"); each section names the CPU, date, commit and command "
+             "that produced it. The data: `docs/results.json`."]  # fmt: skip
+    for name in SECTIONS:
+        if name in results:
+            section = results[name]
+            body = globals()[f"render_{name.replace('-', '_')}"](section["data"], plots)
+            parts += ["", f"## {TITLES[name]}", "", stamp_line(section["stamp"]), "", body]
+    return "\n".join(parts) + "\n"
+
+
+def readme_block(results: dict) -> str:
+    """The README's results table: a few figures, each with where it comes from."""
+    lines = ["| figure | value | section of docs/results.md |", "|---|---|---|"]
+    if "peers" in results:
+        for model, d in results["peers"]["data"].items():
+            if pair := as_stored(d):
+                ours, theirs = pair
+                ms = [statistics.median(r[1] for r in d["rounds"][n]) for n in pair]
+                ratio = statistics.median(a[1] / b[1] for a, b in zip(
+                    d["rounds"][ours], d["rounds"][theirs], strict=True))  # fmt: skip
+                lines.append(f"| {model}, its {d['file'].split('.')[-2]} file: decode ms/token, "
+                             f"llama-np / llama.cpp | {ms[0]:.1f} / {ms[1]:.1f} ({ratio:.2f}x "
+                             "the time) | one sequence |")  # fmt: skip
+    if "peers-batch" in results:
+        import peers_batch
+
+        for model, d in results["peers-batch"]["data"].items():
+            ours, theirs = d["pairs"][-1]
+            b = d["batches"][-1]
+            lines.append(f"| {model} as stored, B = {b}: tok/s llama-np / llama.cpp | "
+                         f"{peers_batch.ratio(d, ours, theirs, b):.2f}x | batched decode |")  # fmt: skip
+    if "validation" in results:
+        rows = rows_of(results["validation"]["data"])
+        ratios = [r.measured_over_sol for r in rows if r.kernels.startswith("numba")]
+        lines.append(f"| measured / speed of light, compiled kernels, {len(ratios)} rows | "
+                     f"median {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
+                     f"{max(ratios):.2f}) | one sequence |")  # fmt: skip
+    if "published" in results:
+        held = list(published.held())
+        s = calibrate.spread(calibrate.leave_one_source_out(published.points(held)))
+        reached = statistics.median(h.share for h in held)
+        lines.append(f"| published: fraction of the bound reached, {len(held)} rows | median "
+                     f"{reached:.2f}; calibrated, the error on held-out sources: median "
+                     f"{100 * s['median']:.0f}%, p90 {100 * s['p90']:.0f}% | published |")  # fmt: skip
+    where = {s["stamp"]["cpu"] for s in results.values()}
+    return "\n".join(lines) + f"\n\nMeasured on {', '.join(sorted(where))}."
+
+
+def as_stored(d: dict) -> tuple[str, str] | None:
+    """The peers run's llama-np (int16 x) and llama.cpp engines on the file as stored."""
+    ours = next((n for n in d["rounds"] if n.startswith("llama-np numba-int16")
+                 and n.endswith("(as stored)")), None)  # fmt: skip
+    theirs = next((n for n in d["rounds"] if n.startswith("llama.cpp")
+                   and n.endswith("(as stored)")), None)  # fmt: skip
+    return (ours, theirs) if ours and theirs else None
+
+
+def headline(results: dict) -> str:
+    """The README's headline sentence: llama-np against llama.cpp on the files as stored."""
+    if "peers" not in results:
+        return "(no figures yet: `scripts/results.sh` measures them)"
+    section = results["peers"]
+    parts = []
+    for model, d in section["data"].items():
+        if pair := as_stored(d):
+            ms = [statistics.median(r[1] for r in d["rounds"][n]) for n in pair]
+            parts.append(f"{model} from its {d['file'].split('.')[-2]} file in {ms[0]:.1f} "
+                         f"ms/token where llama.cpp takes {ms[1]:.1f}")  # fmt: skip
+    s = section["stamp"]
+    return (
+        f"On {s['cpu']}, llama-np decodes {' and '.join(parts)}, in the same run "
+        f"({s['date']}, commit {s['commit']}, `{s['command']}`; more in the Results below)."
+    )
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        return text
+    head, rest = text.split(begin, 1)
+    return head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+
+
+def write(results: dict) -> None:
+    (DOCS / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (DOCS / "results.md").write_text(render(results))
+    readme = (ROOT / "README.md").read_text()
+    readme = replace_block(readme, "headline", headline(results))
+    readme = replace_block(readme, "results", readme_block(results))
+    (ROOT / "README.md").write_text(readme)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="a short version of every section")
+    ap.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
+    ap.add_argument("--render", action="store_true", help="only redraw from docs/results.json")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    args = ap.parse_args()
+    path = DOCS / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if not args.render:
+        only = args.only.split(",") if args.only else SECTIONS
+        if unknown := set(only) - set(SECTIONS):
+            ap.error(f"unknown sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
+        args.threads = args.threads or usable_cores()
+        args.probe = None
+        flags = (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+        for name in SECTIONS:
+            if name not in only:
+                continue
+            if args.probe is None and name not in ("probe", "published"):
+                measure_probe(args)  # every measurement of the run is held against one probe
+            print(f"results: {name}", file=sys.stderr)
+            data = globals()[f"measure_{name.replace('-', '_')}"](args)
+            results[name] = {"stamp": stamp(f"scripts/results.sh{flags}"), "data": data}
+            write(results)  # after each section: a later failure keeps what was measured
+    write(results)
+    print(f"results: wrote {path}, docs/results.md and the README's results", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
