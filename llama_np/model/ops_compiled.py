@@ -36,6 +36,30 @@ def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarr
         r0 = r1
 
 
+def batch_product(w: Matrix, x: np.ndarray, into: np.ndarray | None, dot: str) -> np.ndarray:
+    """x (B, cols) @ W.T, added into `into` (the residual stream, in place) or new, x's
+    vectors multiplied as `dot`: a compiled matrix's matmat_into, or a stack's parts in
+    turn."""
+    rows = w.shape[0]
+    if w.fused:
+        out = into if into is not None else np.empty((x.shape[0], rows), np.float32)
+        w.matmat_into(x, out, into is not None, dot)
+        return out
+    out = np.concatenate([p.matmul(x, dot) for p in w.leaves()], axis=1)
+    if into is None:
+        return out
+    into += out
+    return into
+
+
+def prepared(x: np.ndarray, norm: np.ndarray, eps: float, mode: int) -> np.ndarray:
+    """The prologue of every row, as decode runs it on one (ops.prepare_rows)."""
+    out = np.empty((x.shape[0], x.shape[1] // 2 if mode == ops.SWIGLU else x.shape[1]),
+                   np.float32)  # fmt: skip
+    ops.prepare_rows(np.ascontiguousarray(x), norm, np.float32(eps), mode, out)
+    return out
+
+
 class Blocks:
     """A model's decoder blocks as quant.compiled.layers.decode_blocks takes them, packed
     once: a table of every product's operands, which rows each layer's products are, the
@@ -110,16 +134,19 @@ class CompiledOps(NumpyOps):
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)
 
+    # Several tokens (a batch's decode step, a prompt): each row's prologue as decode runs
+    # it, then one product of all the rows (batch_product), the residual added in place.
+
     def norm_linear(self, x: np.ndarray, norm: np.ndarray, eps: float, w: Matrix) -> np.ndarray:
         if x.shape[0] != 1:
-            return super().norm_linear(x, norm, eps, w)
+            return batch_product(w, prepared(x, norm, eps, ops.NORM), None, self.dot)
         out = np.empty((1, w.shape[0]), np.float32)
         product(w, x[0], out[0], ops.NORM, norm, eps, False, self.dot)
         return out
 
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray) -> np.ndarray:
         if x.shape[0] != 1:
-            return super().linear_add(x, w, inp)
+            return batch_product(w, np.ascontiguousarray(inp), x, self.dot)
         product(
             w, inp[0], x[0], ops.PLAIN, ops.NO_NORM, ops.ZERO, True, self.dot
         )  # in place: x is ours
@@ -127,7 +154,8 @@ class CompiledOps(NumpyOps):
 
     def swiglu_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray) -> np.ndarray:
         if x.shape[0] != 1:
-            return super().swiglu_linear_add(x, w, gate_up)
+            h = prepared(gate_up, ops.NO_NORM, 0.0, ops.SWIGLU)
+            return batch_product(w, h, x, self.dot)
         product(w, gate_up[0], x[0], ops.SWIGLU, ops.NO_NORM, ops.ZERO, True, self.dot)
         return x
 

@@ -26,18 +26,22 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
 
     from ..kv import KV_FORMATS
     from . import attention, layers, ops
+    from .weights import FEW
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(256).astype(np.float32)
     for cls in formats.values():
         w = cls.random((5, 256), rng)
         w.matvec(x, dot=dot)
-        w.matmul(x[None].repeat(2, 0))
+        for b in (2, FEW + 1):  # both kinds of batched product (weights.FEW)
+            w.matmul(x[None].repeat(b, 0), dot=dot)
         w.rows(np.array([1]))
     x = x[:64]
     out = np.empty(64, np.float32)
     ops.rmsnorm(x, x, np.float32(1e-5), out)
     ops.prepare(x, x, np.float32(1e-5), ops.NORM)
+    ops.prepare_rows(x[None], x, np.float32(1e-5), ops.NORM, out[None])
+    ops.prepare_rows(x[None], x, np.float32(1e-5), ops.SWIGLU, out[None, :32])
     ops.swiglu(x, out[:32])
     cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
     for kv in kv_formats:

@@ -66,6 +66,17 @@ class OutOfLine(CPUDispatcher):
         kws = {k: types.unliteral(v) for k, v in kws.items()}
         return super().get_call_template(args, kws)
 
+    @property
+    def _numba_type_(self):
+        """The kernel's numba type, made once: a kernel passed to another as an argument
+        (a driver taking its row or panel function) is typed at every call, and numba
+        builds the type anew each time (~5 us a call)."""
+        if self._type is None:
+            self._type = types.Dispatcher(self)
+        return self._type
+
+    _type = None
+
 
 def _declare_function(declare):
     """numba's BaseContext.declare_function, marking the kernels of OUT_OF_LINE noinline."""
@@ -106,6 +117,10 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
             return numba.njit(f, **options)
         dispatcher = numba.njit(f, **options)
         dispatcher.__class__ = OutOfLine
+        # its name, not a random one: a kernel passed to another as an argument is part of
+        # that one's signature, and its disk cache finds it again in the next process by
+        # this (numba's own uuid would make every process compile the caller anew)
+        dispatcher._set_uuid(f"llama-np:{f.__module__}.{f.__qualname__}")
         OUT_OF_LINE[f.__module__, f.__qualname__] = dispatcher
         return dispatcher
 

@@ -1,18 +1,17 @@
-"""Batched decode kernels: Y = X @ W.T for B vectors at once (one per sequence of a batch,
-B up to a few dozen), each weight read from memory once per step whatever B is.
+"""Products of several vectors that keep decode's arithmetic: Y = X @ W.T for B vectors.
 
-Each thread takes a panel of 16 rows at a time: a block format's rows are dequantized into a float32
-buffer that stays in L1/L2 (the format's own dequantization kernel, dequant.py or
-ggml.py), then `gemm_panel` multiplies that buffer by the B vectors, 4 rows x 4 vectors at
-a time: 16 accumulators of 8 lanes, each loaded weight serving four vectors and each
-loaded x four rows. The weights cross the memory bus once; the dequantization is paid
-once per weight and step, and the multiply-adds B times: past the ridge point the
-arithmetic, not the bytes, sets the step time, which is what `llama-np bench --batch`
-measures against the speed-of-light model. f32 weights go straight to `gemm_panel`.
+`matmat_rows`: up to weights.FEW vectors, the decode kernels themselves, each chunk of
+rows multiplied by every vector in turn while it is in cache (read from memory once);
+the row function is an argument (intdot.vrows_*, matvec.vrows_*), so each vector gets
+the bits a decode step alone gives it.
 
-One driver per format family, alike but for the dequantization kernel each calls by name
-(numba binds a global function when it compiles; passing it in as an argument would need
-numba's first-class function types, not tried here).
+The quantized formats with x in float32 (dot "f32"): each thread takes a panel of 16 rows
+at a time, dequantized into a float32 buffer that stays in L1/L2 (the format's own
+dequantization kernel, dequant.py or ggml.py), then `gemm_panel` multiplies it by the B
+vectors, 4 rows x 4 vectors at a time: 16 accumulators of 8 lanes, each loaded weight
+serving four vectors and each loaded x four rows. One driver per format family, alike
+but for the dequantization kernel each calls by name. (With integer x, and for the float
+formats, several vectors run igemm.py's panels.)
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from numba import carray, get_thread_id, prange
 from .dequant import dequant_q4, dequant_q5, dequant_q8_0
 from .ggml import dequant_ggml
 from .jit import kernel
-from .matvec import GROUP
+from .matvec import GROUP, spread
 from .simd.scalar import stack_f32
 
 ROWS = 16  # rows per piece of parallel work (4 groups): 16 x cols float32 in L1/L2
@@ -96,15 +95,6 @@ def gemm_panel(w, x, out, r0, rows):
                     out[v0 + v, r0 + i0 + i] = s
 
 
-@kernel(parallel=True)
-def matmat_f32(w, x, out):
-    """w (rows, cols) float32; x (B, cols); out (B, rows)"""
-    rows = w.shape[0]
-    for c in prange(-(-rows // ROWS)):
-        r0 = c * ROWS
-        gemm_panel(w[r0:], x, out, r0, min(ROWS, rows - r0))
-
-
 @kernel(inline=True)
 def pieces(groups):
     """How many pieces of ROWS rows the groups of a grouped matrix make."""
@@ -160,3 +150,18 @@ def matmat_ggml(blocks, fmt, nbytes, weights, x, out, scratch):
         buf = scratch[get_thread_id()]
         dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, buf)
         gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
+
+
+@kernel(parallel=True)
+def matmat_rows(rows, w, xs, add, out):
+    """out (B, rows) (=, or += when add) X @ W.T a vector at a time, with the decode kernels:
+    the rows in chunks over the threads, each chunk multiplied by every vector in turn
+    while its weights are in cache (read from memory once). rows(w, xs, v, c0, c1, add,
+    out): vector v's product over chunks c0:c1 (intdot.vrows_*, matvec.vrows_*), so each
+    vector gets the bits a decode step alone gives it. For a few vectors: the weights cost
+    their bytes once, the arithmetic B times at the decode kernels' rate."""
+    m, g, n = spread(out.shape[1])
+    for i in prange(m):
+        for c in range(i * g, min(n, i * g + g)):
+            for v in range(out.shape[0]):
+                rows(w, xs, v, c, c + 1, add, out)

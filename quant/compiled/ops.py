@@ -61,3 +61,14 @@ def prologue(x, norm, eps, mode):
 def prepare(x, norm, eps, mode):
     """prologue() on its own, for a product that is not one kernel (a stack of formats)."""
     return prologue(x, norm, eps, mode)
+
+
+@kernel
+def prepare_rows(x, norm, eps, mode, out):
+    """prologue() of every row of x (B, n) into out (B, n or n / 2): each row the very
+    arithmetic a decode step applies to its one vector."""
+    for v in range(x.shape[0]):
+        if mode == NORM:
+            rmsnorm(x[v], norm, eps, out[v])
+        else:
+            swiglu(x[v], out[v])

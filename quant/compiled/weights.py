@@ -11,9 +11,12 @@ with the NumPy backend; these classes say how the bytes lie in memory:
   rows, and `nbytes` counts them: the kernel reads them.
 
 Decode calls one parallel kernel per matrix, with x in float32 or rounded to int8 or int16
-(`dot`, the backend's choice). A batch of up to BATCH vectors runs the batched kernels;
-a longer prompt dequantizes panels of rows into a float32 buffer and multiplies them
-with BLAS: it is compute-bound, and sgemm is the fastest matrix product NumPy has.
+(`dot`, the backend's choice). A product of several vectors (a batch's decode step, a
+prompt) runs `matmat_into`: up to FEW vectors the decode kernels themselves, a vector at
+a time over each chunk of rows while it is in cache (matmat.matmat_rows: each vector gets
+the bits decode gives it); more, panels of 16 rows decoded once and multiplied by the
+vectors in integers (igemm.matmat_int: x rounded as decode rounds it) or, for the float
+formats, in float32 (igemm.matmat_float).
 """
 
 from __future__ import annotations
@@ -26,19 +29,24 @@ import numpy as np
 from ..base import BlockFormat, Weight
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import assemble, split
-from . import dequant, ggml, intdot, layers, matmat, matvec
+from . import dequant, ggml, igemm, intdot, layers, matmat, matvec
 from .layers import Operands
 from .matvec import GROUP
 from .ops import NO_NORM, ZERO
+from .simd.panels import SIGNED_Q8
 
-# Weights dequantized per panel of a long prompt: a 4 MiB float32 panel stays in L2/L3.
+# Weights dequantized per panel of a long prompt with x in float32 (dot "f32" on a
+# quantized format): a 4 MiB float32 panel stays in L2/L3.
 PANEL_WEIGHTS = 1 << 20
-# Up to this many vectors (a batch of sequences' decode step, a short prompt) a product runs
-# the parallel batched kernels (matmat.py); more run dequantized panels through BLAS sgemm.
+# Up to this many vectors a product with x in float32 on a quantized format runs the
+# float batch kernels (matmat.py); more, dequantized panels through BLAS sgemm.
 BATCH = 64
 # The `dot`s that multiply a quantized format's codes by x's integers (intdot.py): x
 # rounded to int8 (llama.cpp's activations) or to int16 (two int8 halves).
 INTEGER = ("int8", "int16")
+# Up to this many vectors a product runs the decode kernels a vector at a time
+# (matmat_rows); more, the panels (igemm). Where the two cross, measured (DEVELOPERS.md).
+FEW = 3
 
 
 def to_groups(a: np.ndarray, per_block: int) -> np.ndarray:
@@ -62,6 +70,8 @@ def from_groups(a: np.ndarray, rows: int, per_block: int) -> np.ndarray:
 
 
 ONE = np.float32(1)  # the factor on a format's own mins
+NO_BITS = np.empty((1, 0), np.uint32)  # the fifth bits of a format without them
+NO_SCALES = np.empty((1, 4), np.uint16)  # the float16 scales of a format without them
 
 
 class CompiledMatrix:
@@ -71,7 +81,8 @@ class CompiledMatrix:
     `matvec_into(x, out, norm, eps, mode, add, dot)` is one kernel: out (=, or += when
     add) W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue), and
     x multiplied as float32 or, for the quantized formats, rounded to int8 or int16 per
-    block of 32 (dot "int8", "int16": intdot.py)."""
+    block of 32 (dot "int8", "int16": intdot.py). `matmat_into(x, out, add, dot)`: the
+    same for several vectors x (B, cols) -> out (B, rows)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
 
@@ -80,26 +91,41 @@ class CompiledMatrix:
         self.matvec_into(x, out, dot=dot)
         return out
 
+    def matmul(self, x: np.ndarray, dot: str = "f32") -> np.ndarray:
+        """x @ W.T for x (B, cols), its vectors multiplied as `dot` (matmat_into)."""
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out, False, dot)
+        return out
 
-class CF32Weight(CompiledMatrix, F32Weight):
+
+class FloatMatrix(CompiledMatrix):
+    """f32, f16, bf16: their several-vector products (x stays float32 whatever `dot`)."""
+
+    vrows: object  # matvec's vrows_ function of the format
+    panels: object  # igemm's panels_ function of the format
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
+                    dot: str = "f32") -> None:  # fmt: skip
+        w = self.w if isinstance(self, F32Weight) else self.bits
+        if x.shape[0] <= FEW:
+            matmat.matmat_rows(self.vrows, w, x, add, out)
+        else:
+            igemm.matmat_float(self.panels, w, x, add, out, igemm.float_scratch(self.shape[1]))
+
+
+class CF32Weight(FloatMatrix, F32Weight):
+    vrows, panels = matvec.vrows_f32, igemm.panels_f32
+
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
-
-    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        matmat.matmat_f32(self.w, x, out)
 
     def operands(self) -> Operands:
         return Operands(layers.F32, self.shape[0], (self.w,))
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        if x.shape[0] > BATCH:
-            return super().matmul(x)  # BLAS sgemm
-        out = np.empty((x.shape[0], self.shape[0]), np.float32)
-        self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
-        return out
 
+class CF16Weight(FloatMatrix, F16Weight):
+    vrows, panels = matvec.vrows_f16, igemm.panels_f16
 
-class CF16Weight(CompiledMatrix, F16Weight):
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
 
@@ -113,7 +139,9 @@ class CF16Weight(CompiledMatrix, F16Weight):
         return out
 
 
-class CBF16Weight(CompiledMatrix, BF16Weight):
+class CBF16Weight(FloatMatrix, BF16Weight):
+    vrows, panels = matvec.vrows_bf16, igemm.panels_bf16
+
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
 
@@ -143,15 +171,46 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
         self.dequantize_groups(g0, g1, panel)
         return panel[r0 - GROUP * g0 : r1 - GROUP * g0]
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x @ W.T: for a batch of up to BATCH vectors, one parallel kernel (matmat.py);
-        for more, panel by panel: groups of rows dequantized into a float32 buffer, then
-        one sgemm each."""
+    vrows: object  # intdot's vrows_ function of the format
+    panels: object  # igemm's panels_ function of the format
+    signed = 0  # 1: its panels hold int8 codes, not bytes (q8_0 where SIGNED_Q8)
+
+    def row_operands(self) -> tuple:
+        """What the format's vrows_ function takes as w."""
+        raise NotImplementedError
+
+    def panel_operands(self) -> tuple:
+        """What igemm.matmat_int passes to the format's panels_ function: (a0, a1, a2,
+        factor, a3, code, nbytes)."""
+        raise NotImplementedError
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
+                    dot: str = "f32") -> None:  # fmt: skip
+        """out (=, or += when add) x @ W.T. With integer x: up to FEW vectors the decode
+        kernels a vector at a time, more the integer panels; with float x, the float
+        batch kernels (up to BATCH vectors) or dequantized panels and sgemm."""
+        if dot not in INTEGER:
+            self.float_matmat(x, out, add)
+            return
+        xs = igemm.quantized_rows(x, dot == "int16")
+        if x.shape[0] <= FEW:
+            matmat.matmat_rows(self.vrows, self.row_operands(), xs, add, out)
+            return
+        xq, xd, _, _, xb16, lo = xs
+        codes, dms = igemm.scratch_for(self.shape[1])
+        igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, xq, xd, xb16, lo, add,
+                         out, codes, dms)  # fmt: skip
+
+    def float_matmat(self, x: np.ndarray, out: np.ndarray, add: bool) -> None:
+        """x in float32: up to BATCH vectors one parallel kernel (matmat.py); more, panel
+        by panel, groups of rows dequantized into a float32 buffer, then one sgemm each."""
         rows, cols = self.shape
-        out = np.empty((x.shape[0], rows), np.float32)
         if x.shape[0] <= BATCH:
-            self.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out)
-            return out
+            y = out if not add else np.empty_like(out)
+            self.float_batch(x, y)
+            if add:
+                out += y
+            return
         groups = -(-rows // GROUP)
         per_panel = max(1, PANEL_WEIGHTS // (GROUP * cols))
         buf = np.empty((GROUP * per_panel, cols), np.float32)
@@ -160,8 +219,10 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
             a, b = GROUP * g0, min(rows, GROUP * g1)
             panel = buf[: GROUP * (g1 - g0)]
             self.dequantize_groups(g0, g1, panel)
-            np.matmul(x, panel[: b - a].T, out=out[:, a:b])
-        return out
+            if add:
+                out[:, a:b] += x @ panel[: b - a].T
+            else:
+                np.matmul(x, panel[: b - a].T, out=out[:, a:b])
 
 
 class CQ8_0Weight(GroupedWeight):
@@ -193,7 +254,15 @@ class CQ8_0Weight(GroupedWeight):
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
-    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    vrows, panels, signed = intdot.vrows_q8_0, igemm.panels_q8_0, int(SIGNED_Q8)
+
+    def row_operands(self) -> tuple:
+        return self.codes, self.scales
+
+    def panel_operands(self) -> tuple:
+        return self.codes, self.scales, self.scales, ONE, NO_BITS, 0, 0
+
+    def float_batch(self, x: np.ndarray, out: np.ndarray) -> None:
         matmat.matmat_q8_0(self.codes, self.scales, x, out, matmat.scratch_for(x.shape[1]))
 
 
@@ -263,7 +332,17 @@ class NibbleGroups(GroupedWeight):
         else:
             dequant.dequant_q5(self.codes, self.scales, mins, factor, self.bits, g0, g1, out)
 
-    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    vrows, panels = intdot.vrows_q4, igemm.panels_nibbles
+
+    def row_operands(self) -> tuple:
+        mins, factor = self.mins_factor
+        return self.codes, self.scales, mins, factor, self.fifth_bits
+
+    def panel_operands(self) -> tuple:
+        mins, factor = self.mins_factor
+        return self.codes, self.scales, mins, factor, self.fifth_bits, 0, 0
+
+    def float_batch(self, x: np.ndarray, out: np.ndarray) -> None:
         mins, factor = self.mins_factor
         scratch = matmat.scratch_for(x.shape[1])
         if self.bits is None:
@@ -321,7 +400,15 @@ class KGroups(GroupedWeight):
         lay = self.layout
         ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
 
-    def matmat_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    vrows, panels = intdot.vrows_k, igemm.panels_k
+
+    def row_operands(self) -> tuple:
+        return self.blocks, self.code, self.layout.nbytes
+
+    def panel_operands(self) -> tuple:
+        return self.blocks, NO_SCALES, NO_SCALES, ONE, NO_BITS, self.code, self.layout.nbytes
+
+    def float_batch(self, x: np.ndarray, out: np.ndarray) -> None:
         lay = self.layout
         matmat.matmat_ggml(self.blocks, self.code, lay.nbytes, lay.weights, x, out,
                            matmat.scratch_for(x.shape[1]))  # fmt: skip

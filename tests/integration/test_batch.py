@@ -57,7 +57,8 @@ def test_a_batch_step_equals_each_sequence_alone(models, model, weights, kernels
     with llama_np.load(d, kernels=kernels, weights=weights) as llm:
         together = stepped(llm, PROMPTS, 9, batch=True)
         alone = stepped(llm, PROMPTS, 9, batch=False)
-    # a batch runs float x; a decode step alone numba's default, x rounded to int16
+    # numba's default rounds x to int16 alone and in a batch, a batch of more than FEW
+    # sequences summing its integer products in another order (quant.compiled.igemm)
     within = INT16_WITHIN if kernels == "numba" and weights != "f32" else 1e-5
     for a, b in zip(together, alone, strict=True):
         scale = max(1.0, float(np.abs(b).max()))

@@ -92,14 +92,15 @@ STEP_WITHIN = {"numpy": 2e-3, "numba": 0.02}
 
 def test_native_computes_the_same_model_as_f32(native, f32, prompt, kernels):
     """K-quants and Q5_0 kept as stored: the same greedy tokens as the f32 run, logits
-    within 2e-3 in a batch (float x), token by token within x's rounding (STEP_WITHIN)."""
+    of the whole sequence (one product of its tokens) and token by token within x's
+    rounding (STEP_WITHIN: a prompt's products round x as decode does)."""
     ids = native.tokenize(prompt)
     a, b = Stats(), Stats()
     native.generate(ids, n_predict=N_GREEDY, temp=0, stats=a)
     f32.generate(ids, n_predict=N_GREEDY, temp=0, stats=b)
     assert a.generated == b.generated
     seq = ids + a.generated
-    assert np.abs(native.logits(seq) - f32.logits(seq)).max() < 2e-3
+    assert np.abs(native.logits(seq) - f32.logits(seq)).max() < STEP_WITHIN[kernels]
     cache_a, cache_b = native.new_cache(), f32.new_cache()
     for t in seq[:8]:
         diff = np.abs(native.step(t, cache_a) - f32.step(t, cache_b)).max()

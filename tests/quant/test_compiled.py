@@ -12,7 +12,7 @@ import pytest
 from quant import FORMATS as NUMPY
 from quant.backends import numba_backend
 from quant.compiled import FORMATS as COMPILED
-from quant.compiled import attention, dequant, intdot, matmat, matvec, ops
+from quant.compiled import attention, dequant, igemm, intdot, matmat, matvec, ops
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
 from tests.helpers import fits, make_weight
@@ -229,7 +229,7 @@ def test_exp_is_within_two_ulp():
 
 KERNELS = [  # helpers inlined into these (inline="always") are checked as part of them
     getattr(module, name)
-    for module in (matvec, matmat, dequant, attention, ops, intdot)
+    for module in (matvec, matmat, igemm, dequant, attention, ops, intdot)
     for name in dir(module)
     if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     and getattr(module, name).__module__ == module.__name__
@@ -309,3 +309,35 @@ def test_kernel_cache_key_covers_every_kernel_source():
     names = {str(p.relative_to(package)) for p in jit.sources()}
     assert {"jit.py", "matvec.py", "layers.py", "simd/lanes.py", "simd/int8.py"} <= names
     assert names == {str(p.relative_to(package)) for p in package.rglob("*.py")}
+
+
+CACHED_SCRIPT = """
+import numpy as np
+from quant.compiled import FORMATS, igemm, matmat
+
+for fmt in ("f32", "q8_0", "q4_k"):
+    w = FORMATS[fmt].random((20, 256), np.random.default_rng(0))
+    for b in (2, 7):  # both kinds of batched product: their row or panel function an argument
+        w.matmul(np.ones((b, 256), np.float32), dot="int16")
+kernels = (matmat.matmat_rows, igemm.matmat_int, igemm.matmat_float)
+print(sum(k.stats.cache_misses.get(s, 0) for k in kernels for s in k.signatures))
+"""
+
+
+@pytest.mark.slow  # two processes compiling the batched products
+def test_kernels_taking_a_kernel_are_loaded_from_the_disk_cache(tmp_path):
+    """A driver that takes its row or panel function as an argument compiles once: the next
+    process finds it in the disk cache (the function is known by its name, jit.kernel),
+    it neither compiles it again nor fails to save its cache's index."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    misses = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", CACHED_SCRIPT], env=env, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        misses.append(int(run.stdout.split()[-1]))
+    assert misses[0] > 0 and misses[1] == 0, misses

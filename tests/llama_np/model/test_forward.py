@@ -39,7 +39,7 @@ def guard_model(model, seen: list[str], monkeypatch) -> None:
             fn = (lambda f: lambda *a: _check_rotary(f(*a), seen))(fn)
         monkeypatch.setattr(ops_object, name, _guard(name, fn, seen))
     for w in model.weights.matrices():
-        for kind in ("rows", "matvec", "matmul", "matvec_into"):
+        for kind in ("rows", "matvec", "matmul", "matvec_into", "matmat_into"):
             if hasattr(w, kind):
                 monkeypatch.setattr(w, kind, _guard(kind, getattr(w, kind), seen))
 
@@ -62,9 +62,9 @@ def test_every_intermediate_is_float32(gqa_dir, monkeypatch, kernels):
     logits = llm.logits(list(range(1, 12)), cache)
     step = llm.step(5, cache)
     assert logits.dtype == step.dtype == np.float32
-    kernels = ["matvec_into"] if kernels == "numba" else ["matvec"]
+    kernels = ["matvec_into", "matmat_into"] if kernels == "numba" else ["matvec", "matmul"]
     names = ["norm_linear", "rope tables", "attention", "linear_add", "swiglu_linear_add"]
-    for name in [*names, "rows", "matmul", *kernels]:
+    for name in [*names, "rows", *kernels]:
         assert {name, f"{name} (argument)"} & set(seen), f"{name} was never checked"
 
 

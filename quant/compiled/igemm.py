@@ -1,0 +1,182 @@
+"""Batched products in integers: Y = X @ W.T for B vectors at once (a batch's decode step,
+or a prompt's tokens), every quantized format, its codes multiplied by x's integers.
+
+Each row of X is rounded once per product exactly as decode rounds x (intdot.quantize_x,
+int8 or int16 per block of 32, and per16's sums). The matrix is taken a panel of 16 rows
+(4 groups of the compiled layout) at a time: the panel is decoded once into the thread's
+scratch, in one integer form for every format (simd/panels.py: byte codes and a float
+scale and offset per row and sub-block of 16, the codes laid out so that one vpdpbusd
+advances 16 rows), then multiplied by the vectors 4 at a time (panels.tile: the codes
+loaded once for 4 vectors, 4 float accumulators in registers). The weights are read from
+memory once per product whatever B is; decoding them costs once per weight, the integer
+multiply-adds B times.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import get_thread_id, prange
+
+from .intdot import per16, quantize_x
+from .jit import kernel
+from .simd.panels import (
+    FLOAT_VECTORS,
+    VECTORS,
+    float_tile,
+    panel_bf16,
+    panel_f16,
+    panel_f32,
+    panel_nibbles,
+    panel_q2_k,
+    panel_q3_k,
+    panel_q4_k,
+    panel_q5_k,
+    panel_q6_k,
+    panel_q8_0,
+    tile,
+)
+
+ROWS = 16  # rows of a panel
+
+
+def scratch_for(cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each thread's panel: codes (threads, cols / 16 * 256) uint8 and scales and offsets
+    (threads, cols / 16 * 32) float32, made once per width."""
+    if cols not in _SCRATCH:
+        threads, nsub = numba.config.NUMBA_NUM_THREADS, -(-cols // 256) * 16
+        _SCRATCH[cols] = (np.empty((threads, nsub * 256), np.uint8),
+                          np.empty((threads, nsub * 32), np.float32))  # fmt: skip
+    return _SCRATCH[cols]
+
+
+_SCRATCH: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+@kernel(parallel=True)
+def quantize_rows(x, xq, xd, xsum, xd16, xb16, lo):
+    """Every row of x (B, cols) rounded as decode rounds x (intdot.quantize_x, per16):
+    xq (B, 2 cols) its integers (int16: high bytes, then the low ones lo on), xd and xsum
+    (B, cols / 32) the scales and sums of the integers, xd16 and xb16 (B, cols / 16) the
+    scales and the scale times the sum of each 16 integers."""
+    for v in prange(x.shape[0]):
+        quantize_x(x[v], xq[v], xd[v], xsum[v], lo)
+        per16(xq[v], xd[v], lo, xd16[v], xb16[v])
+
+
+def quantized_rows(x: np.ndarray, wide: bool) -> tuple:
+    """x (B, cols) rounded (quantize_rows): (xq, xd, xsum, xd16, xb16, lo)."""
+    b, n = x.shape
+    lo = n if wide else 0
+    xq = np.empty((b, 2 * n if wide else n), np.int8)
+    xd, xsum = np.empty((b, n // 32), np.float32), np.empty((b, n // 32), np.int32)
+    xd16, xb16 = np.empty((b, n // 16), np.float32), np.empty((b, n // 16), np.float32)
+    quantize_rows(x, xq, xd, xsum, xd16, xb16, lo)
+    return xq, xd, xsum, xd16, xb16, lo
+
+
+# The panel decoders, one per kind of grouped matrix: (its arrays as layers.Operands names
+# them: a0..a3, factor, code, nbytes; the panel's first group and how many of its 4 are
+# rows of the matrix; the scratch). A driver takes one as an argument (numba compiles the
+# driver once per decoder: one function holding every decoder compiled ten times slower).
+
+
+@kernel
+def panels_q8_0(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
+    nb = a1.shape[1] // 4
+    for b in range(0, nb, 2):
+        panel_q8_0(a0, a1, g0, gvalid, b, min(2, nb - b), dst, dm)
+
+
+@kernel
+def panels_nibbles(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
+    nb = a1.shape[1] // 4
+    for b in range(0, nb, 2):
+        panel_nibbles(a0, a1, a2, factor, a3, g0, gvalid, b, min(2, nb - b), dst, dm)
+
+
+@kernel
+def panels_k(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
+    for blk in range(a0.shape[1] // (4 * nbytes)):
+        if code == 0:
+            panel_q2_k(a0, nbytes, g0, gvalid, blk, dst, dm)
+        elif code == 1:
+            panel_q3_k(a0, nbytes, g0, gvalid, blk, dst, dm)
+        elif code == 2:
+            panel_q4_k(a0, nbytes, g0, gvalid, blk, dst, dm)
+        elif code == 3:
+            panel_q5_k(a0, nbytes, g0, gvalid, blk, dst, dm)
+        else:
+            panel_q6_k(a0, nbytes, g0, gvalid, blk, dst, dm)
+
+
+@kernel(parallel=True)
+def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, xq, xd, xb, lo, add, out,
+               codes, dms):  # fmt: skip
+    """out (B, rows) (=, or += when add) X @ W.T for W decoded by `decode` (a panels_
+    function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8) and X as
+    quantize_rows rounds it (xb: its xb16); codes, dms: scratch_for(cols)."""
+    groups = a0.shape[0]
+    rows, nvec = out.shape[1], xq.shape[0]
+    nsub = xd.shape[1] * 2
+    for p in prange(-(-groups // 4)):
+        t = get_thread_id()
+        dst, dm = codes[t], dms[t]
+        g0 = 4 * p
+        decode(a0, a1, a2, factor, a3, code, nbytes, g0, min(4, groups - g0), dst, dm)
+        xrows, orows = np.empty(VECTORS, np.int64), np.empty(VECTORS, np.int64)
+        for v0 in range(0, nvec, VECTORS):
+            for v in range(VECTORS):
+                xrows[v] = min(v0 + v, nvec - 1)  # past the end: the last again, not stored
+                orows[v] = v0 + v if v0 + v < nvec else -1
+            tile(dst, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, ROWS * p,
+                 min(ROWS, rows - ROWS * p), add)  # fmt: skip
+
+
+# --- float weights (f32, f16, bf16): the same shape, in float32 (simd/panels.float_tile)
+
+
+@kernel
+def panels_f32(w, r0, nrows, dst):
+    for k in range(0, w.shape[1], 16):
+        panel_f32(w, r0, nrows, k, dst)
+
+
+@kernel
+def panels_f16(w, r0, nrows, dst):
+    for k in range(0, w.shape[1], 16):
+        panel_f16(w, r0, nrows, k, dst)
+
+
+@kernel
+def panels_bf16(w, r0, nrows, dst):
+    for k in range(0, w.shape[1], 16):
+        panel_bf16(w, r0, nrows, k, dst)
+
+
+def float_scratch(cols: int) -> np.ndarray:
+    """Each thread's float panel: (threads, 16 x cols rounded up to 16) float32."""
+    key = ("float", cols)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = np.empty((numba.config.NUMBA_NUM_THREADS, 16 * (-(-cols // 16) * 16)),
+                                 np.float32)  # fmt: skip
+    return _SCRATCH[key]
+
+
+@kernel(parallel=True)
+def matmat_float(decode, w, x, add, out, panels):
+    """out (B, rows) (=, or += when add) X @ W.T for a row-major float matrix, a panel of
+    16 rows at a time decoded into float32 (`decode`: a panels_ function) and multiplied by
+    FLOAT_VECTORS vectors at a time."""
+    rows, nvec, cols = w.shape[0], x.shape[0], w.shape[1]
+    for p in prange(-(-rows // ROWS)):
+        dst = panels[get_thread_id()]
+        r0 = ROWS * p
+        n = min(ROWS, rows - r0)
+        decode(w, r0, n, dst)
+        xrows, orows = np.empty(FLOAT_VECTORS, np.int64), np.empty(FLOAT_VECTORS, np.int64)
+        for v0 in range(0, nvec, FLOAT_VECTORS):
+            for v in range(FLOAT_VECTORS):
+                xrows[v] = min(v0 + v, nvec - 1)
+                orows[v] = v0 + v if v0 + v < nvec else -1
+            float_tile(dst, cols, x, xrows, out, orows, r0, n, add)

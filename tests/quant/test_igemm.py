@@ -1,0 +1,138 @@
+"""Products of several vectors on the compiled backend (CompiledMatrix.matmat_into): up to
+FEW vectors the decode kernels a vector at a time, more the panels of quant.compiled.igemm
+(integer codes times x's integers, or float32 for the float formats). Against the NumPy
+references (quant.intdot for x rounded to integers, the dequantized matrix for float x),
+on odd shapes: rows around the panels of 16 and the tiles of 4 and 8 vectors, 1 to 10
+blocks, columns that are not multiples of 16 for the float formats."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from quant import intdot
+from quant.compiled import FORMATS, igemm, simd
+from quant.compiled.weights import FEW
+from tests.quant.test_intdot import BITS, FMTS, exact_case, random_weight, shape_for
+
+SHAPES = [(1, 1), (5, 3), (17, 1), (33, 10), (70, 3)]  # (rows, blocks)
+VECTORS = [1, FEW, FEW + 1, 5, 9, 17]  # both sides of FEW, tiles of 4 full and partial
+FLOATS = ("f32", "f16", "bf16")
+
+
+def batch(w, x: np.ndarray, dot: str, add: np.ndarray | None = None) -> np.ndarray:
+    """x (B, cols) @ W.T by matmat_into, added to `add` when given."""
+    out = np.empty((x.shape[0], w.shape[0]), np.float32) if add is None else add.copy()
+    w.matmat_into(np.ascontiguousarray(x, dtype=np.float32), out, add is not None, dot)
+    return out
+
+
+def reference(fmt: str, w, x: np.ndarray, dot: str) -> np.ndarray:
+    """Each vector alone by the NumPy reference of the integer products."""
+    return np.stack([intdot.matvec(fmt, w.to_blocks(), v, BITS[dot]) for v in x])
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("b", VECTORS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_batch_equals_the_reference_exactly(fmt, shape, b, dot):
+    """Products that no float rounding touches (test_intdot.exact_case's matrices and x):
+    every vector of the batch equals the reference bit for bit, by either path."""
+    rng = np.random.default_rng(b)
+    shape = shape_for(fmt, shape)
+    w, x0 = exact_case(fmt, shape, rng)
+    x = np.stack([rng.permutation(x0) for _ in range(b)])  # the +-127 / 8 moved: still exact
+    x[:, :: 32] = x0[:: 32]  # fmt: skip
+    np.testing.assert_array_equal(batch(w, x, dot), reference(fmt, w, x, dot))
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("b", [2, 5, 9])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_random_batches_within_float_rounding_of_the_reference(fmt, b, dot):
+    """Random matrices and x, the result added to what `out` held: within float32 rounding
+    of the reference (the panels sum sub-blocks of 16 in another order than decode)."""
+    rng = np.random.default_rng(7)
+    w = random_weight(FORMATS[fmt], shape_for(fmt, (37, 4)), rng)
+    x = rng.standard_normal((b, w.shape[1])).astype(np.float32)
+    start = rng.standard_normal((b, w.shape[0])).astype(np.float32)
+    want = start + reference(fmt, w, x, dot)
+    got = batch(w, x, dot, add=start)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max() * np.sqrt(w.shape[1])
+
+
+@pytest.mark.parametrize("b", [1, 2, FEW, 5, 8, 9, 17])
+@pytest.mark.parametrize("cols", [7, 16, 40, 100])
+@pytest.mark.parametrize("rows", [1, 15, 17, 50])
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_float_batches_equal_the_dequantized_product(fmt, rows, cols, b):
+    """f32, f16, bf16 at any width (masked ends of rows and panels): x @ W.T in float64,
+    within float32 rounding; added in place too."""
+    rng = np.random.default_rng(rows * cols + b)
+    w = FORMATS[fmt].from_float(rng.standard_normal((rows, cols)).astype(np.float32))
+    x = rng.standard_normal((b, cols)).astype(np.float32)
+    want = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    tol = 1e-6 * np.sqrt(cols) * max(1.0, np.abs(want).max())
+    assert np.abs(batch(w, x, "f32") - want).max() <= tol
+    start = rng.standard_normal((b, rows)).astype(np.float32)
+    assert np.abs(batch(w, x, "f32", add=start) - (start + want)).max() <= tol
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_vector_with_nan_gives_nan_only_in_its_row(fmt, dot):
+    """A NaN in one vector of a panel product makes its products NaN (its block's scale is
+    NaN, intdot.quantize_x) and leaves the other vectors' alone."""
+    rng = np.random.default_rng(3)
+    w = random_weight(FORMATS[fmt], shape_for(fmt, (20, 2)), rng)
+    x = rng.standard_normal((FEW + 3, w.shape[1])).astype(np.float32)
+    x[1, 5] = np.nan
+    got = batch(w, x, dot)
+    assert np.isnan(got[1]).all()
+    assert np.isfinite(np.delete(got, 1, axis=0)).all()
+
+
+PATH_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from quant.compiled import simd
+    from tests.quant import test_igemm as t
+
+    assert simd.DOT_INSTRUCTION == sys.argv[1], simd.DOT_INSTRUCTION
+    for dot in t.BITS:
+        for fmt in t.FMTS:
+            for shape in ((5, 3), (33, 10)):
+                t.test_a_batch_equals_the_reference_exactly(fmt, shape, 9, dot)
+    """
+)
+
+
+@pytest.mark.slow  # compiles the panel kernels anew for another CPU
+@pytest.mark.parametrize("path", ["vpmaddubsw", "generic"])
+def test_the_panels_on_other_instruction_paths(path, tmp_path):
+    """The panel products compiled for an AVX2 CPU (q8_0's signed codes, vpmaddubsw) and
+    for a generic x86-64 equal the reference exactly, as on this machine."""
+    from tests.quant.test_intdot import PATHS
+
+    env, runnable = PATHS[path]
+    if not runnable:
+        pytest.fail(f"this machine cannot run the {path} path")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")} | env
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    run = subprocess.run([sys.executable, "-c", PATH_SCRIPT, path], env=env,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_panels_and_decode_agree_on_which_formats_they_take():
+    """Every quantized format has its panel decoder (igemm) beside its decode kernel."""
+    for fmt in FMTS:
+        w = FORMATS[fmt]
+        assert w.panels in (igemm.panels_q8_0, igemm.panels_nibbles, igemm.panels_k), fmt
+    assert simd.DOT_INSTRUCTION in ("vpdpbusd", "vpmaddubsw", "generic")
