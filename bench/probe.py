@@ -28,6 +28,7 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 from tqdm import tqdm
 
+from quant.backends import FLOATS
 from quant.host import cache_dir, usable_cores
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -78,18 +79,27 @@ class Probe:
     sgemm_runs: list[float] = field(default_factory=list)  # GFLOPS of each run
     compiled_gflops: float = 0.0  # the compiled batch kernel on f32 weights in cache
     compiled_runs: list[float] = field(default_factory=list)
-    compiled_q_gflops: float = 0.0  # ... on q8_0 weights: dequantization, then the same
+    compiled_q_gflops: float = 0.0  # ... on q8_0 weights, x rounded to int16 (the default)
     compiled_q_runs: list[float] = field(default_factory=list)
+    # the machine's ceilings with the kernels' instructions (quant/compiled/peak.py)
+    fma_gflops: float = 0.0  # float32 fused multiply-adds on 16 lanes, 2 FLOPs each
+    fma_runs: list[float] = field(default_factory=list)
+    int8_gops: float = 0.0  # int8 multiply-adds by the byte dot, 2 operations each
+    int8_runs: list[float] = field(default_factory=list)
+    dot_instruction: str = ""  # that byte dot: vpdpbusd, vpmaddubsw or generic
 
-    def peak_flops(self, backend: str, weights: str, batch: int = 1) -> float:
-        """FLOP/s of the arithmetic the kernels of `backend` run on these weights: BLAS
-        sgemm for NumPy's; for numba's batched steps (batch > 1), the compiled batch kernel
-        (with its dequantization, for a quantized format). A compiled single-sequence step
-        runs fused matvec kernels whose arithmetic is not probed on its own: sgemm's, as
-        for probes made before these ceilings."""
-        if backend == "numba" and batch > 1 and self.compiled_gflops:
-            return 1e9 * (self.compiled_gflops if weights == "f32" else self.compiled_q_gflops)
-        return 1e9 * self.sgemm_gflops
+    def peak_flops(self, backend: str, weights: str, dot: str = "f32") -> float:
+        """FLOP/s of the arithmetic the kernels of `backend` run on these weights with x
+        multiplied as `dot`: BLAS sgemm for NumPy's (its products are BLAS's); for the
+        compiled kernels the machine's own ceiling of the instruction they multiply with:
+        float32 FMAs for float weights or float x, int8 multiply-adds for x rounded to
+        int8, half that for int16 (two int8 products per weight). Probes made before the
+        machine ceilings: sgemm's."""
+        if backend != "numba":
+            return 1e9 * self.sgemm_gflops
+        if dot in ("int8", "int16") and weights not in FLOATS and self.int8_gops:
+            return 1e9 * self.int8_gops / (2 if dot == "int16" else 1)
+        return 1e9 * (self.fma_gflops or self.sgemm_gflops)
 
     def tier_of(self, working_set: int) -> str:
         """The cache level a working set of this size fits in, by the sizes the system
@@ -200,6 +210,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
         )
     probe.compiled_gbs = compiled_sweep(matrices, x, threads, bar)
     compiled_ceilings(probe, threads)
+    machine_ceilings(probe, threads)
     bar.close()
     probe.seconds = time.perf_counter() - t_start
     return probe
@@ -227,8 +238,8 @@ def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm) -> li
 
 
 def compiled_ceilings(probe: Probe, threads: int) -> None:
-    """GFLOPS of the compiled batch kernels (quant/compiled/matmat.py) on a 1024 x 1024
-    matrix in cache times 64 vectors: f32, and q8_0 with its dequantization."""
+    """GFLOPS the compiled batch products reach (quant/compiled/igemm.py) on a 1024 x
+    1024 matrix in cache times 64 vectors: f32, and q8_0 with x rounded to int16."""
     from quant.backends import numba_importable
 
     if not numba_importable():
@@ -244,10 +255,34 @@ def compiled_ceilings(probe: Probe, threads: int) -> None:
     for fmt, best, runs in (("f32", "compiled_gflops", "compiled_runs"),
                             ("q8_0", "compiled_q_gflops", "compiled_q_runs")):  # fmt: skip
         m = numba_backend().weight_class(fmt).from_float(w)
-        product = partial(m.matmul, x)
+        product = partial(m.matmul, x, "int16")
         result = best_agreeing(lambda p=product: flops / _time(p, 0.3) / 1e9)
         setattr(probe, best, result[0])
         setattr(probe, runs, result[1])
+
+
+def machine_ceilings(probe: Probe, threads: int) -> None:
+    """The machine's arithmetic ceilings (quant/compiled/peak.py): int8 multiply-adds by
+    the integer kernels' byte dot, float32 FMAs on 16 lanes; each the best of runs of
+    ~0.2 s until two agree within 10%."""
+    from quant.backends import numba_importable
+
+    if not numba_importable():
+        return
+    from quant.compiled import peak, set_threads, simd
+
+    set_threads(threads)
+    rounds = 1 << 20
+    for kernel, per_round, best, runs in (
+        (peak.int8_peak, peak.INT8_PER_ROUND, "int8_gops", "int8_runs"),
+        (peak.fma_peak, peak.FMA_PER_ROUND, "fma_gflops", "fma_runs"),
+    ):
+        ops = 2 * rounds * per_round * threads
+        run = partial(kernel, rounds, threads)
+        result = best_agreeing(lambda r=run, n=ops: n / _time(r, 0.2) / 1e9)
+        setattr(probe, best, result[0])
+        setattr(probe, runs, result[1])
+    probe.dot_instruction = simd.DOT_INSTRUCTION
 
 
 def probe_path(threads: int) -> Path:
@@ -262,6 +297,8 @@ def load_probe(threads: int) -> Probe | None:
         probe = Probe(**d)
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    if probe.compiled_gbs and not probe.fma_gflops:
+        return None  # made before the machine ceilings: probe again
     return probe if probe.machine == machine_id(threads) else None
 
 
@@ -312,10 +349,14 @@ def probe_report(p: Probe) -> str:
     lines += ["", "| arithmetic (best of runs until two agree within 10%) | GFLOPS | runs |",
               "|---|---:|---|"]  # fmt: skip
     for name, best, runs in (
-        ("BLAS sgemm 1024^3", p.sgemm_gflops, p.sgemm_runs),
-        ("compiled batch kernel, f32 1024^2 x 64", p.compiled_gflops, p.compiled_runs),
-        ("compiled batch kernel, q8_0 1024^2 x 64", p.compiled_q_gflops, p.compiled_q_runs),
-    ):
+        ("float32 FMA peak, 16 lanes (ceiling: float weights or x)", p.fma_gflops, p.fma_runs),
+        (f"int8 multiply-add peak, {p.dot_instruction} (ceiling: int8 x; int16 x half)",
+         p.int8_gops, p.int8_runs),
+        ("BLAS sgemm 1024^3 (ceiling: the NumPy backend)", p.sgemm_gflops, p.sgemm_runs),
+        ("compiled batch product, f32 1024^2 x 64", p.compiled_gflops, p.compiled_runs),
+        ("compiled batch product, q8_0 int16 x, 1024^2 x 64", p.compiled_q_gflops,
+         p.compiled_q_runs),
+    ):  # fmt: skip
         if best:
             lines.append(f"| {name} | {best:.1f} | {', '.join(f'{r:.0f}' for r in runs)} |")
     lines.append(f"\n{p.threads} threads")

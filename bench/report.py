@@ -45,6 +45,19 @@ COLUMNS = [
 ]
 
 
+def gflops(r: Row) -> float:
+    """The arithmetic a step did (the model's FLOPs) per second."""
+    return r.flops_per_step / r.step_ms / 1e6
+
+
+def mfu(r: Row) -> str:
+    """Achieved GFLOPS as a share of the ceiling of the instruction the kernels multiply
+    with (bench/probe.py: Probe.peak_flops), and that ceiling."""
+    if not r.peak_gflops:
+        return "-"
+    return f"{100 * gflops(r) / r.peak_gflops:.0f} of {r.peak_gflops:.0f}"
+
+
 # `bench --batch`: decode steps of B sequences; bytes and FLOPs per step, B* the ridge
 BATCH_COLUMNS = [
     *COLUMNS[:6],
@@ -55,6 +68,9 @@ BATCH_COLUMNS = [
     ("GFLOP/step", lambda r: f"{r.flops_per_step / 1e9:.2f}"),
     ("GB/s", lambda r: f"{r.gbs:.1f}"),
     ("attainable GB/s", attainable),
+    ("% attainable", lambda r: _opt(r.pct_attainable, ".0f")),
+    ("GFLOPS", lambda r: f"{gflops(r):.1f}"),
+    ("MFU %", mfu),
     ("SOL ms/step", lambda r: _opt(r.sol_ms, ".2f")),
     ("bound", lambda r: r.bound or "-"),
     ("measured/SOL", lambda r: _opt(r.measured_over_sol, ".2f")),

@@ -35,6 +35,7 @@ class Variant(NamedTuple):
     kv: str  # the KV cache
     backend: str = "numpy"  # the kernel backend, whose memory layout the bytes follow
     kernels: str = "numpy"  # what ran them, for reports: "numba omp, 2 threads"
+    dot: str = "f32"  # what the quantized products multiply x as: f32, int8, int16
 
 
 class Decoder(Protocol):
@@ -204,7 +205,7 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     )  # fmt: skip
     if probe is not None:
         tier, bw = probe.attainable(est.bytes_per_token)
-        peak = probe.peak_flops(f.backend, weights_label(f.weights), batch)
+        peak = probe.peak_flops(f.backend, weights_label(f.weights), f.dot)
         pred = est.predict(bw, peak)
         row.tier, row.attainable_gbs = tier, bw / 1e9
         row.pct_attainable = 100 * gbs * 1e9 / bw

@@ -94,9 +94,11 @@ def render_probe(data: dict, plots: Path) -> str:
     compiled = p.compiled_gbs or [0.0] * len(p.sizes)
     for s, g, c, a in zip(p.sizes, p.sgemv_gbs, compiled, p.best_gbs(), strict=True):
         lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c:.1f} | {a:.1f} |")
-    lines += ["", f"Arithmetic: BLAS sgemm {p.sgemm_gflops:.0f} GFLOPS (1024^3; runs "
-              f"{', '.join(f'{r:.0f}' for r in p.sgemm_runs)}); the compiled batch kernel "
-              f"{p.compiled_gflops:.0f} (f32) and {p.compiled_q_gflops:.0f} (q8_0) GFLOPS."]  # fmt: skip
+    lines += ["", f"Arithmetic ceilings: float32 FMA {p.fma_gflops:.0f} GFLOPS, int8 multiply-add "
+              f"({p.dot_instruction}) {p.int8_gops:.0f} GOPS, BLAS sgemm {p.sgemm_gflops:.0f} "
+              f"GFLOPS (1024^3). The compiled products of 64 vectors reach "
+              f"{p.compiled_gflops:.0f} (f32) and {p.compiled_q_gflops:.0f} (q8_0, int16 x) "
+              "GFLOPS."]  # fmt: skip
     if slow := p.slow_compiled():
         lines.append(f"The compiled f32 matvec streams under 0.9 of sgemv at "
                      f"{', '.join(size_label(s) for s in slow)}.")  # fmt: skip

@@ -144,6 +144,8 @@ def knee(r: Row) -> str:
     side = "below" if r.batch <= (r.ridge_batch or 0) / 2 else "near" if r.batch < 4 * (
         r.ridge_batch or 0) else "far above"  # fmt: skip
     held = "holds" if ratio <= (1.25 if side == "below" else 1.5) else "off"
+    if ratio < 0.95:  # a bound the row beats is no bound: the ceiling is wrong
+        held = "BEATS its speed of light"
     return f"{side} B* ({r.bound}-bound): {held}"
 
 
@@ -152,11 +154,12 @@ def batch_markdown(rows: list[Row]) -> str:
     lines = [
         report.markdown(rows),
         "",
-        "| model | weights | depth | B | step ms | SOL ms | measured / SOL | B* | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| model | weights | depth | B | step ms | SOL ms | measured / SOL | MFU % of GFLOPS "
+        "| B* | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [f"| {r.model} | {r.weights} | {r.depth} | {r.batch} | {r.step_ms:.1f} | "
-              f"{(r.sol_ms or 0):.1f} | {(r.measured_over_sol or 0):.2f} | "
+              f"{(r.sol_ms or 0):.1f} | {(r.measured_over_sol or 0):.2f} | {report.mfu(r)} | "
               f"{(r.ridge_batch or 0):.1f} | {knee(r)} |" for r in rows]  # fmt: skip
     return "\n".join(lines)
 

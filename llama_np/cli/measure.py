@@ -131,7 +131,8 @@ def local_device(e: Estimate, args: argparse.Namespace) -> Device:
     kernels run for these weights and this batch."""
     probe = probe_for(args.threads or usable_cores())
     tier, bw = probe.attainable(e.bytes_per_token)
-    peak = probe.peak_flops(backend_name(args.kernels), e.weights, e.batch)
+    backend, dot = kernels_dot(backend_name(args.kernels))
+    peak = probe.peak_flops(backend, e.weights, dot)
     title = (f"this machine ({probe.threads} threads), the probe's attainable bandwidth at a "
              f"working set of {size_label(e.bytes_per_token)} ({tier})")  # fmt: skip
     return Device("local", title, bw, {"fp32": peak}, "probe", probe_path(probe.threads).name)
@@ -144,6 +145,15 @@ def backend_name(kernels: str) -> str:
     if kernels == "auto":
         return "numba" if numba_importable() else "numpy"
     return kernels
+
+
+def kernels_dot(kernels: str) -> tuple[str, str]:
+    """A `--kernels` choice as (backend, what quantized products multiply x as):
+    "numba-int8" -> ("numba", "int8"), "numba" -> ("numba", the default int16)."""
+    from quant.backends import DEFAULT_DOT
+
+    backend, _, dot = kernels.partition("-")
+    return backend, dot or (DEFAULT_DOT if backend == "numba" else "f32")
 
 
 def sol_text(e: Estimate, pred: Prediction | None, device: Device | None, exp=None) -> str:

@@ -38,7 +38,8 @@ class Decoder:
         self.cache: KVCache | None = None
         self.logits = np.zeros(1, np.float32)  # the last step's (check)
         weights, head, embed = weight_plan(model.weights)
-        self.variant = Variant(weights, head, embed, kv, model.backend.name, model.kernels)
+        self.variant = Variant(weights, head, embed, kv, model.backend.name, model.kernels,
+                               model.backend.dot)  # fmt: skip
 
     @property
     def config(self) -> Config:

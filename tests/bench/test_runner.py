@@ -82,10 +82,29 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
     assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
     for best, runs in ((p.sgemm_gflops, p.sgemm_runs), (p.compiled_gflops, p.compiled_runs),
-                       (p.compiled_q_gflops, p.compiled_q_runs)):  # fmt: skip
+                       (p.compiled_q_gflops, p.compiled_q_runs), (p.fma_gflops, p.fma_runs),
+                       (p.int8_gops, p.int8_runs)):  # fmt: skip
         assert best == max(runs) > 1 and 1 <= len(runs) <= 8
+    # the ceilings bound what the products reach: f32 under the FMA peak, q8_0 with int16
+    # x under half the int8 one (within the runs' noise)
+    assert p.compiled_gflops < 1.1 * p.fma_gflops
+    assert p.compiled_q_gflops < 1.1 * p.int8_gops / 2
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
+    p.fma_gflops = 0.0  # a probe saved before the machine ceilings is made again
+    probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2) is None
+
+
+def test_the_peak_kernels_compute_what_they_count():
+    """The int8 peak kernel's result is what its bytes give: lane 0 of every chain holds
+    the thread's seed t as bytes (t, 0, 0, 0) against (8, 7, 6, 5), 8 t a round, so its
+    multiply-adds were really done; the FMA kernel stays finite."""
+    from quant.compiled import peak
+
+    n, threads = 10, 2
+    assert peak.int8_peak(n, threads) == peak.CHAINS * n * 8 * sum(range(threads))
+    assert np.isfinite(peak.fma_peak(n, threads))
 
 
 class Stand:
@@ -202,11 +221,16 @@ def test_best_agreeing_repeats_until_two_runs_agree():
     assert len(seen) <= 3
 
 
-def test_peak_flops_follows_the_kernels_that_run():
+def test_peak_flops_is_the_ceiling_of_the_instruction_that_runs():
+    """Never the product's own rate (a bound the kernels could beat): sgemm for NumPy,
+    the machine's FMA peak for float weights or float x, its int8 multiply-add peak for
+    int8 x and half of it for int16 x (two products per weight)."""
     p = fake_probe()
     p.compiled_gflops, p.compiled_q_gflops = 80.0, 50.0
-    assert p.peak_flops("numpy", "q8_0", 16) == 100e9  # sgemm
-    assert p.peak_flops("numba", "f32", 16) == 80e9 and p.peak_flops("numba", "q4_k", 8) == 50e9
-    assert p.peak_flops("numba", "f32", 1) == 100e9  # batch 1 runs the matvec kernels
-    p.compiled_gflops = 0.0  # a probe from before the ceilings
-    assert p.peak_flops("numba", "f32", 16) == 100e9
+    p.fma_gflops, p.int8_gops = 300.0, 900.0
+    assert p.peak_flops("numpy", "q8_0", "f32") == 100e9  # sgemm
+    assert p.peak_flops("numba", "f32", "int16") == p.peak_flops("numba", "q4_k", "f32") == 300e9
+    assert p.peak_flops("numba", "q8_0", "int8") == 900e9
+    assert p.peak_flops("numba", "q4_k", "int16") == 450e9
+    p.fma_gflops = p.int8_gops = 0.0  # a probe from before the machine ceilings
+    assert p.peak_flops("numba", "q8_0", "int16") == 100e9
