@@ -22,7 +22,6 @@ from .ggml import LAYOUTS, Layout, assemble, check_blocks, quantize, random_bloc
 class Matrix(ABC):
     fmt: str  # the name users type: "f32", "q8_0", ... ("q8_0+f16" for a stack)
     fused: ClassVar[bool] = False  # a compiled kernel with prologue and epilogue (quant.compiled)
-    dot: ClassVar[str] = "f32"  # decode multiplies x as float32, or "int8" (quant.intdot)
 
     def __init__(self, shape: tuple[int, int]) -> None:
         rows, cols = shape

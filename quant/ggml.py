@@ -37,6 +37,10 @@ import numpy as np
 
 from .errors import QuantError
 
+# Values in a block of the 32-value formats (ggml's QK8_0, QK4_0 ...): also the run of
+# x that the integer products round with one scale (quant.intdot), and a q8_0 KV block.
+BLOCK = 32
+
 
 @dataclass(frozen=True)
 class Layout:

@@ -27,9 +27,7 @@ import numpy as np
 
 from . import ggml
 from .errors import QuantError
-from .ggml import LAYOUTS
-
-BLOCK = 32  # x is rounded per block of 32
+from .ggml import BLOCK, LAYOUTS
 
 # the formats with an integer kernel: every quantized one
 INT8_FORMATS = tuple(LAYOUTS)

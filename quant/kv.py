@@ -22,10 +22,9 @@ import numpy as np
 
 from .errors import QuantError
 from .floats import f16_to_f32
-from .ggml import quantize_q8_0
+from .ggml import BLOCK, quantize_q8_0
 
 TILE = 16  # slots per tile in the tiled layout
-BLOCK = 32  # q8_0: values per block (and scale)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:

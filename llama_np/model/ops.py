@@ -148,6 +148,14 @@ class NumpyOps:
     backend may run as one fused call: the NumPy reference, composed of the functions
     above. llama_np.model.ops_compiled replaces them for the compiled backend."""
 
+    def attention_batch(
+        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list
+    ) -> np.ndarray:
+        """One token of each of B sequences, each with its own cache, rotation and span:
+        `attention` of each in turn. (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
+        return np.concatenate([self.attention(c, qkv[b : b + 1], cache, layer, rots[b], spans[b])
+                               for b, cache in enumerate(caches)])  # fmt: skip
+
     def linear(self, w: Matrix, x: np.ndarray) -> np.ndarray:
         """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
         if x.shape[0] == 1:

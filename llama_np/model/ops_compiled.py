@@ -107,6 +107,7 @@ class CompiledOps(NumpyOps):
         self.one_call = True  # decode's blocks in one call; False: call by call (to compare)
         self.team: int | None = None  # iterations of its parallel loop (None: the threads)
         self._blocks: tuple[Sequence, Blocks | None] | None = None
+        self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
 
     def packed(self, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
@@ -130,6 +131,32 @@ class CompiledOps(NumpyOps):
                              packed.kv_addresses(cache), span.slot, span.n_keys,
                              INT_BITS[self.dot], self.team or numba.get_num_threads())  # fmt: skip
         return True
+
+    def kv_layout(self, cache: KVCache) -> tuple[tuple, np.ndarray]:
+        """A cache's stores' shapes and, per layer, their addresses (once per cache)."""
+        got = self._kv.get(cache)
+        if got is None:
+            stores = [cache.arrays(i) for i in range(len(cache.k))]
+            shapes = tuple((a.shape, a.dtype.str) for a in stores[0][0] + stores[0][1])
+            at = np.array([[layers.address(a) for a in k + v] for k, v in stores], np.int64)
+            got = self._kv[cache] = (shapes, at)
+        return got
+
+    def attention_batch(
+        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list
+    ) -> np.ndarray:
+        """Every sequence's attention in one call (layers.attend_batch) when their caches
+        share one layout (their stores' shapes and formats); else one call each."""
+        layouts = [self.kv_layout(cache) for cache in caches]
+        if len({shapes for shapes, _ in layouts}) != 1 or qkv.shape[0] == 1:
+            return super().attention_batch(c, qkv, caches, layer, rots, spans)
+        kv_at = np.stack([at[layer] for _, at in layouts])
+        out = np.empty((qkv.shape[0], c.q_dim), np.float32)
+        layers.attend_batch(np.ascontiguousarray(qkv), np.stack([r.cos[0] for r in rots]),
+                            np.stack([r.sin[0] for r in rots]), *caches[0].arrays(layer),
+                            kv_at, np.array([s.slot for s in spans], np.int64),
+                            np.array([s.n_keys for s in spans], np.int64), out)  # fmt: skip
+        return out
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)

@@ -53,8 +53,10 @@ class Seam:
     ) -> np.ndarray:  # fmt: skip
         """One token of each of B sequences, each attending to its own cache:
         (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
-        return np.concatenate([self.attention(qkv[b : b + 1], c, layer, rots[b], spans[b])
-                               for b, c in enumerate(caches)])  # fmt: skip
+        for span in spans:
+            self.meter.read("kv_cache", span.read_nbytes)
+            self.meter.write("kv_cache", span.write_nbytes)
+        return self.ops.attention_batch(self.config, qkv, caches, layer, rots, spans)
 
     def decode_blocks(
         self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache, rot: Rotary,

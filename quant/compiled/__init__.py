@@ -49,4 +49,8 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
         qkv = rng.standard_normal(3 * 32).astype(np.float32)
         stores = tuple(keys.arrays()), tuple(values.arrays())
         attention.attend(qkv, cos, sin, *stores, 0, 1, out[:32])
+        kv_at = np.array([[layers.address(a) for a in stores[0] + stores[1]]] * 2, np.int64)
+        two, pair = np.ones(2, np.int64), np.empty((2, 32), np.float32)
+        layers.attend_batch(np.stack([qkv, qkv]), np.stack([cos, cos]), np.stack([sin, sin]),
+                            *stores, kv_at, two - 1, two, pair)  # fmt: skip
         layers.warm_up(*stores)

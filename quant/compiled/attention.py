@@ -14,34 +14,15 @@ import numpy as np
 from numba import carray, prange
 from numba.extending import overload
 
+from ..ggml import BLOCK
+from ..kv import TILE
 from .jit import kernel
+from .ops import exp_neg
 from .simd.lanes import add16, fma16, fma16_f16, fma16_i8, set16, zero16
-from .simd.scalar import f16, f32, pow2, stack_f32, to_f16
+from .simd.scalar import f16, f32, stack_f32, to_f16
 
 TILES_PER_TASK = 16  # tiles of 16 keys one piece of parallel work reads, at least
-TILE = 16  # keys per tile (quant.kv.TILE)
 CHAINS = 8  # independent accumulators in a tile's dot products (any rest: one chain)
-BLOCK = 32  # q8_0 block
-
-
-# --- exp that vectorizes -----------------------------------------------------------------
-
-
-@kernel(inline=True)
-def exp_neg(x):
-    """exp(x) for float32 x <= 0 (scores minus their maximum), within 2 ulp: Cephes' expf
-    with the power of two built from bits. libm's expf is a scalar call per element (~20
-    cycles); this inlines and vectorizes. Below -87, where float32 underflows, ~1e-38."""
-    x = max(x, np.float32(-87.0))
-    z = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = x - z * np.float32(0.693359375) - z * np.float32(-2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    return (p * r * r + r + np.float32(1.0)) * pow2(np.int32(z))
 
 
 # --- the KV stores, by format --------------------------------------------------------

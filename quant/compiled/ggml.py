@@ -36,7 +36,6 @@ from .simd.lanes import zero16
 from .simd.scalar import f16, field, row, stack_f32
 
 CODES = {"q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}
-MAX_WEIGHTS = 256  # per block (a K-quant super-block)
 
 
 @kernel(inline=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
+from ..ggml import BLOCK
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put, spread
@@ -38,8 +39,6 @@ from .simd.int8 import q4_dot, q5_dot, q8_block
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 from .simd.lanes import fma16_f16v, mul16_f16v, zero16
 from .simd.scalar import ahead, f16, row, stack_f32
-
-BLOCK = 32
 
 
 @kernel

@@ -282,6 +282,50 @@ def out_rows(rows, p0, p1):
     return n
 
 
+@kernel(inline=True)
+def rows_at(buf, at, rows, cols):
+    """buf[at:at + rows * cols] (float32, 1-D) as a (rows, cols) C-contiguous array."""
+    return carray(voidptr(buf.ctypes.data + 4 * at), (rows, cols), np.float32)
+
+
+@kernel(parallel=True)
+def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
+    """One decode step of one layer for B sequences in one call: every sequence's
+    attention tasks (attention.attend_task: KV heads x pieces of its keys, each sequence
+    its own number of pieces) in one parallel loop, then each sequence's pieces combined.
+    qkv (B, ...) the tokens' projections; cos, sin (B, hd / 2); keys, values: sequence
+    0's stores of this layer (their shapes and format, which every sequence's share);
+    kv_at (B, arrays of both): each sequence's stores at their addresses; slots, ns (B,):
+    where each appends and how many keys it attends; out (B, n_heads * hd). Each sequence
+    gets the bits attention.attend gives it alone (the same tasks, combined in order)."""
+    nb, nk = qkv.shape[0], len(keys)
+    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
+    n_heads = out.shape[1] // hd
+    first, at = np.zeros(nb + 1, np.int64), np.zeros(nb + 1, np.int64)
+    runs = np.empty(nb, np.int64)
+    for b in range(nb):  # sequence b's tasks first[b]:first[b + 1], its scratch from at[b]
+        pieces, runs[b] = attention.split(-(-ns[b] // attention.TILE))
+        first[b + 1] = first[b] + n_kv * pieces
+        at[b + 1] = at[b] + n_heads * pieces
+    top, total = np.empty(at[nb], np.float32), np.empty(at[nb], np.float32)
+    part = np.empty(at[nb] * hd, np.float32)
+    for task in prange(first[nb]):
+        t = np.int64(task)
+        b = np.searchsorted(first, t, side="right") - 1
+        pieces = (first[b + 1] - first[b]) // n_kv
+        kk = at_addresses(keys, kv_at[b, :nk])
+        vv = at_addresses(values, kv_at[b, nk:])
+        p = rows_at(part, at[b] * hd, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
+        attention.attend_task(qkv[b], cos[b], sin[b], kk, vv, slots[b], ns[b], t - first[b],
+                              runs[b], rows_at(top, at[b], n_heads, pieces),
+                              rows_at(total, at[b], n_heads, pieces), p)  # fmt: skip
+    for b in prange(nb):
+        pieces = (first[b + 1] - first[b]) // n_kv
+        p = rows_at(part, at[b] * hd, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
+        attention.combine(rows_at(top, at[b], n_heads, pieces),
+                          rows_at(total, at[b], n_heads, pieces), p, out[b])  # fmt: skip
+
+
 PHASES = 5  # per layer: qkv, attention, o, gate_up, down
 
 

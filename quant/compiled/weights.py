@@ -27,6 +27,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..base import BlockFormat, Weight
+from ..blocks import PANEL_WEIGHTS  # also a long prompt's panels here, with float x
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import assemble, split
 from . import dequant, ggml, igemm, intdot, layers, matmat, matvec
@@ -35,9 +36,6 @@ from .matvec import GROUP
 from .ops import NO_NORM, ZERO
 from .simd.panels import SIGNED_Q8
 
-# Weights dequantized per panel of a long prompt with x in float32 (dot "f32" on a
-# quantized format): a 4 MiB float32 panel stays in L2/L3.
-PANEL_WEIGHTS = 1 << 20
 # Up to this many vectors a product with x in float32 on a quantized format runs the
 # float batch kernels (matmat.py); more, dequantized panels through BLAS sgemm.
 BATCH = 64

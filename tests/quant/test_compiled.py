@@ -221,7 +221,7 @@ def test_exp_is_within_two_ulp():
 
     x = -np.concatenate([np.linspace(0, 87, 200001), np.geomspace(1e-30, 1, 1000)])
     x = x.astype(np.float32)
-    got = njit(lambda v: np.array([attention.exp_neg(e) for e in v], np.float32))(x)
+    got = njit(lambda v: np.array([ops.exp_neg(e) for e in v], np.float32))(x)
     ref = np.exp(x.astype(np.float64))
     ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
     assert (np.abs(got - ref) <= 2 * ulp).all()
@@ -341,3 +341,40 @@ def test_kernels_taking_a_kernel_are_loaded_from_the_disk_cache(tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
         misses.append(int(run.stdout.split()[-1]))
     assert misses[0] > 0 and misses[1] == 0, misses
+
+
+@pytest.mark.parametrize("kv", sorted(KV_FORMATS))
+def test_batched_attention_gives_each_sequence_its_bits_alone(kv):
+    """layers.attend_batch, one call for every sequence: ragged depths (one key, a few
+    tiles, several pieces of parallel work), a ring's slot inside its keys, GQA, a head
+    dim not a multiple of 16 (q8_0: of 32): each sequence's output and stores equal what
+    attention.attend gives it alone, bit for bit."""
+    from quant.compiled import layers
+
+    n_heads, n_kv, hd = 6, 2, 64 if kv == "q8_0" else 24
+    depths, slots = [1, 40, 700, 300], [0, 39, 250, 299]  # sequence 2 a ring: slot < n
+    rng = np.random.default_rng(5)
+    qkv = rng.standard_normal((len(depths), (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    angle = rng.uniform(0, 6, (len(depths), hd // 2)).astype(np.float32)
+    cos, sin = np.cos(angle), np.sin(angle)
+    pairs = []
+    for n in depths:  # each sequence's stores, twice: alone and in the batch
+        history = rng.standard_normal((2, 704, n_kv, hd)).astype(np.float32)
+        two = [stores(kv, n_kv, 704, hd, tiled=True) for _ in range(2)]
+        for k, v in two:
+            k.write(0, history[0, :n])
+            v.write(0, history[1, :n])
+        pairs.append(two)
+    alone = np.empty((len(depths), n_heads * hd), np.float32)
+    for b, ((k, v), _) in enumerate(pairs):
+        attention.attend(qkv[b], cos[b], sin[b], tuple(k.arrays()), tuple(v.arrays()),
+                         slots[b], depths[b], alone[b])  # fmt: skip
+    batch = [(tuple(k.arrays()), tuple(v.arrays())) for _, (k, v) in pairs]
+    kv_at = np.array([[layers.address(a) for a in k + v] for k, v in batch], np.int64)
+    together = np.empty_like(alone)
+    layers.attend_batch(qkv, cos, sin, *batch[0], kv_at, np.array(slots, np.int64),
+                        np.array(depths, np.int64), together)  # fmt: skip
+    assert np.array_equal(together, alone)
+    for a, b in pairs:
+        for x, y in zip(a, b, strict=True):
+            assert all(np.array_equal(p, q) for p, q in zip(x.arrays(), y.arrays(), strict=True))

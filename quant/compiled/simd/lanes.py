@@ -192,6 +192,5 @@ def _vv(kind: str, accumulate: bool):
     return intrinsic(vv)
 
 
-fma16vv = _vv("f32", True)  # acc[at:at + 16] += a[a_at:a_at + 16] * b[b_at:b_at + 16]
-fma16_f16v = _vv("f16", True)  # ... with a float16 bits
+fma16_f16v = _vv("f16", True)  # acc[at:at + 16] += float16 a[a_at:a_at + 16] * b[b_at:...]
 mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]

@@ -115,16 +115,6 @@ def lo4(typingctx, q):
 
 
 @intrinsic
-def hi4(typingctx, q):
-    """The high nibble of a byte, as float32: a shift in 8-bit lanes, widened, converted."""
-
-    def codegen(context, builder, signature, args):
-        return builder.uitofp(builder.lshr(args[0], ir.Constant(args[0].type, 4)), ir.FloatType())
-
-    return types.float32(types.uint8), codegen
-
-
-@intrinsic
 def u8(typingctx, q):
     """A byte as float32 (its unsigned value): vpmovzxbd + vcvtdq2ps."""
 
