@@ -66,6 +66,17 @@ class Config:
         """How many query heads read each key/value head."""
         return self.n_heads // self.n_kv_heads
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        """The inverse of dataclasses.asdict (a config sent as JSON: lists for tuples)."""
+        d = dict(d)
+        if d.get("rope_scaling") is not None:
+            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        for key in ("eos_ids", "rope_freq_factors"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(**d)
+
     def with_window(self, window: int | None) -> Config:
         return replace(self, sliding_window=window)
 

@@ -82,26 +82,27 @@ def columns(rows: list[Row]) -> list:
     return BATCH_COLUMNS if any(r.batched for r in rows) else COLUMNS
 
 
-def cells(rows: list[Row]) -> list[list[str]]:
-    cols = columns(rows)
+def cells(rows: list, cols: list | None = None) -> list[list[str]]:
+    """A header and a line per row; `cols` default to bench's (one sequence or --batch)."""
+    cols = cols or columns(rows)
     return [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
 
 
-def text_table(rows: list[Row]) -> str:
-    table = cells(rows)
+def text_table(rows: list, cols: list | None = None) -> str:
+    table = cells(rows, cols)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in table
     )
 
 
-def markdown(rows: list[Row]) -> str:
-    table = cells(rows)
+def markdown(rows: list, cols: list | None = None) -> str:
+    table = cells(rows, cols)
     lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in table[1:]])
 
 
-def csv_text(rows: list[Row]) -> str:
+def csv_text(rows: list) -> str:
     out = io.StringIO()
     fields = [k for k in asdict(rows[0]) if k != "profile"] if rows else []
     w = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
@@ -111,7 +112,7 @@ def csv_text(rows: list[Row]) -> str:
     return out.getvalue()
 
 
-def json_text(rows: list[Row], extra: dict | None = None) -> str:
+def json_text(rows: list, extra: dict | None = None) -> str:
     return json.dumps({**(extra or {}), "rows": [asdict(r) for r in rows]}, indent=1)
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: create the virtual environment (.venv), install
-# the project with its test, plot and fast extras (torch pinned to the local CPU wheel;
+# the project with its test, plot, fast and serve extras (torch pinned to the local CPU wheel;
 # numba for the compiled kernels), lint, run pytest. The tests run both kernel backends,
 # NumPy and compiled. Extra arguments go to pytest, e.g. scripts/test.sh tests/quant -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test,plot,fast]'
+"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test,plot,fast,serve]'
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 exec "$VENV/bin/python" -m pytest "$@"

@@ -2,7 +2,7 @@
 2 bad usage, 130 interrupted.
 
     flags.py      every flag of every command
-    commands.py   generate, chat, perplexity, quantize, pull, list
+    commands.py   generate, chat, perplexity, quantize, serve, pull, list
     measure.py    sol, probe, bench
 """
 
@@ -21,6 +21,7 @@ from llama_np.cli.flags import (
     PROBE_ARGS,
     PULL_ARGS,
     QUANTIZE_ARGS,
+    SERVE_ARGS,
     SOL_ARGS,
     Parser,
     Spec,
@@ -36,6 +37,8 @@ COMMANDS: list[tuple[str, str, list[Spec], Callable, dict]] = [
      commands.cmd_quantize, {}),
     ("perplexity", "teacher-forced perplexity of a text", PERPLEXITY_ARGS,
      commands.cmd_perplexity, {}),
+    ("serve", "an OpenAI-compatible HTTP server, continuous batching", SERVE_ARGS,
+     commands.cmd_serve, {}),
     ("pull", "download a model alias into the cache", PULL_ARGS, commands.cmd_pull, {}),
     ("list", "model aliases and what is cached", [], commands.cmd_list, {}),
     ("sol", "speed-of-light prediction for a config and a device", SOL_ARGS, measure.cmd_sol, {}),

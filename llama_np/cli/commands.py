@@ -1,4 +1,4 @@
-"""The commands that run a model: generate, chat, perplexity, quantize, pull, list.
+"""The commands that run a model: generate, chat, perplexity, quantize, serve, pull, list.
 Generated text goes to stdout; measurements and errors go to stderr."""
 
 from __future__ import annotations
@@ -37,6 +37,24 @@ def load_model(args: argparse.Namespace) -> LLM:
 
     return load(args.model, weights=args.weights, head=args.head, threads=args.threads,
                 kernels=args.kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
+
+
+SERVE_EXTRA = ("uvicorn", "starlette", "prometheus_client")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {args.port}")
+    try:
+        from llama_np.serve.run import serve
+    except ModuleNotFoundError as e:
+        if e.name not in SERVE_EXTRA:
+            raise
+        raise UsageError(f"serve needs its extra ({e.name} is missing): "
+                         "pip install 'llama-np[serve]'") from None  # fmt: skip
+    return serve(args)
 
 
 def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: str = "") -> str:

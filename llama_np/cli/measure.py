@@ -217,6 +217,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.runner import Settings, run
     from llama_np.model.decoder import Decoder
 
+    if args.endpoint:
+        return bench_endpoint(args)
     warmup = Settings.warmup
     if args.n_predict <= warmup:
         raise UsageError(f"bench times the decode steps after the first {warmup} (warm-up): "
@@ -240,6 +242,67 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draw(rows, args.plot, title=f"{model.name}, {threads} threads")
         print(f"llama-np: wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def bench_endpoint(args: argparse.Namespace) -> int:
+    """`bench --endpoint URL`: a server's streams at each concurrency, held against the speed
+    of light of that many sequences (bench/endpoint.py)."""
+    from bench import endpoint, report
+
+    base = args.endpoint.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+    try:
+        served, info = endpoint.served_model(base)
+        model = args.api_model or served
+        rows = endpoint.measure(base, model, args.concurrency, args.prompt, args.n_predict,
+                                args.reps)  # fmt: skip
+    except endpoint.EndpointError as e:
+        raise LlamaNpError(str(e)) from None
+    hold_endpoint(rows, args, base, info)
+    if args.json:
+        print(report.json_text(rows, {"endpoint": base}))
+    elif args.csv:
+        print(report.csv_text(rows), end="")
+    else:
+        table = report.markdown if args.md else report.text_table
+        print(table(rows, endpoint.COLUMNS))
+    return 0
+
+
+def hold_endpoint(rows: list, args: argparse.Namespace, base: str, info: dict | None) -> None:
+    """The speed of light of each concurrency: the shape from --config/--weights (bytes at
+    rest), else the one llama-np's server describes (its layout, its kernels' ceiling);
+    the device from --device/--peak-gbs, else this machine's probe for a local server."""
+    from urllib.parse import urlparse
+
+    from arch import Config
+    from bench.endpoint import hold
+    from bench.sol import weights_label
+
+    device = device_of(args)
+    local = urlparse(base).hostname in ("127.0.0.1", "localhost", "::1")
+    probe = probe_for(args.threads or usable_cores()) if local and device is None else None
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        weights, kw = args.weights or "f32", {"engine": False, "head": args.head}
+        backend, dot = "numba", "int8" if weights not in ("f32", "f16", "bf16") else "f32"
+    elif info is not None:
+        config, weights = Config.from_dict(info["config"]), info["weights"]
+        kw = {"head": info["head"], "embed": info["embed"], "kernels": info["kernels"]}
+        backend, dot = info["kernels"], info["dot"]
+    else:
+        print("llama-np: note: give --config and --weights to hold the rows against the "
+              "speed of light", file=sys.stderr)  # fmt: skip
+        return
+    kv = info["kv"] if info and not args.config else args.kv
+    window = args.window if args.window is not None else (info or {}).get("window")
+    peak = device.peak_flops(weights_label(weights)) if device else (
+        probe.peak_flops(backend, weights_label(weights), dot) if probe else None)  # fmt: skip
+    hold(rows, lambda c, pos: estimate(config, weights, kv, pos, window, batch=c, **kw), probe,
+         device.bandwidth if device else None, peak)  # fmt: skip
 
 
 def bench_model(args: argparse.Namespace, threads: int, kernels: str) -> Transformer:

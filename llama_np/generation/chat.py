@@ -40,6 +40,15 @@ def render_chat(template: str | None, messages: list[dict[str, str]], bos: str, 
         raise LlamaNpError(f"the chat template failed: {e}") from None
 
 
+def chat_prompt_ids(llm: LLM, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of `messages` in the checkpoint's chat template, ready for the reply."""
+    tok = llm.tokenizer
+    bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.token_text(tok.eos_ids[0]) if tok.eos_ids else ""
+    text = render_chat(tok.chat_template, messages, bos, eos)
+    return tok.encode(text, bos=False)  # a template writes BOS itself when it wants one
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -64,11 +73,7 @@ class ChatSession:
         self._args = (ctx, window, kv)
 
     def prompt_ids(self) -> list[int]:
-        tok = self.llm.tokenizer
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_ids[0]) if tok.eos_ids else ""
-        text = render_chat(tok.chat_template, self.messages, bos, eos)
-        return tok.encode(text, bos=False)  # a template writes BOS itself when it wants one
+        return chat_prompt_ids(self.llm, self.messages)
 
     def send(self, text: str, n_predict: int = 512, stats: Stats | None = None) -> Iterator[str]:
         """Stream the assistant's reply to `text`; the turn is recorded when it ends."""
