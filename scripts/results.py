@@ -35,7 +35,7 @@ from quant.host import usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "perplexity",
+SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "perplexity",
             "published"]  # fmt: skip
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
@@ -184,6 +184,26 @@ def render_peers_batch(data: dict, plots: Path) -> str:
     return "\n".join(out)
 
 
+def measure_serve(ctx: argparse.Namespace) -> dict:
+    import peers_serve
+
+    concurrency, rounds = ([1, 4], 1) if ctx.quick else ([1, 4, 16], 3)
+    return {m: peers_serve.compare(m, ctx.threads, concurrency, rounds, 64, 32)
+            for m in (MODELS[:1] if ctx.quick else MODELS)}  # fmt: skip
+
+
+def render_serve(data: dict, plots: Path) -> str:
+    import peers_serve
+
+    out = []
+    for model, d in data.items():
+        out += [f"{model} ({d['file']}), {d['threads']} threads; each request {d['prompt']} "
+                f"words of prompt, max_tokens {d['n']}, temperature 0; {d['rounds']} rounds "
+                "per concurrency C, medians; the ratio: median of per-round ratios:", "",
+                peers_serve.table(d), "", peers_serve.steps_line(d), ""]  # fmt: skip
+    return "\n".join(out)
+
+
 PPL_TEXT = ROOT / "data" / "gpl-3.0.txt"
 
 
@@ -234,6 +254,7 @@ TITLES = {
     "batching": "Batches: where decode turns compute-bound",
     "peers": "Against llama.cpp and transformers, one sequence",
     "peers-batch": "Against llama.cpp, batched decode",
+    "serve": "Serving over HTTP: `llama-np serve` against llama-cpp-python's server",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
 }
@@ -276,6 +297,14 @@ def readme_block(results: dict) -> str:
             b = d["batches"][-1]
             lines.append(f"| {model} as stored, B = {b}: tok/s llama-np / llama.cpp | "
                          f"{peers_batch.ratio(d, ours, theirs, b):.2f}x | batched decode |")  # fmt: skip
+    if "serve" in results:
+        import peers_serve
+
+        for model, d in results["serve"]["data"].items():
+            c = d["concurrency"][-1]
+            lines.append(f"| {model} as stored, {c} concurrent streams: aggregate tok/s, llama-np "
+                         f"serve / llama-cpp-python's server | {peers_serve.ratio(d, c):.2f}x | "
+                         "serving over HTTP |")  # fmt: skip
     if "validation" in results:
         rows = rows_of(results["validation"]["data"])
         ratios = [r.measured_over_sol for r in rows if r.kernels.startswith("numba")]
