@@ -131,7 +131,7 @@ async def gather(http: HttpRequest, req: Request, rid: str, jobs: list[Job],
     finally:
         for job in jobs:
             job.cancel()  # nothing for those already done
-    return JSONResponse(protocol.response(req, rid, texts, reasons, n_prompt * len(jobs),
+    return JSONResponse(protocol.response(req, rid, texts, reasons, n_prompt,
                                           completion))  # fmt: skip
 
 
@@ -155,7 +155,7 @@ async def sse(req: Request, rid: str, jobs: list[Job], events: asyncio.Queue,
                 completion, left = completion + e.completion_tokens, left - 1
                 yield _data(protocol.chunk(req, rid, i, reason=e.reason))
         if req.include_usage:
-            yield _data(protocol.usage_chunk(req, rid, n_prompt * len(jobs), completion))
+            yield _data(protocol.usage_chunk(req, rid, n_prompt, completion))  # the prompt once
         yield "data: [DONE]\n\n"
     finally:
         for job in jobs:

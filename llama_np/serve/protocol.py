@@ -61,10 +61,10 @@ def _get(body: dict, name: str, types: type | tuple[type, ...], default: Any = N
     if types is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise ApiError(400, f"'{name}' must be a {_name(types)}, not a boolean", name)
+        raise ApiError(400, f"'{name}' must be of type {_name(types)}, not a boolean", name)
     if not isinstance(value, types):
-        raise ApiError(400, f"'{name}' must be a {_name(types)}, got {type(value).__name__}",
-                       name)  # fmt: skip
+        raise ApiError(400, f"'{name}' must be of type {_name(types)}, got "
+                       f"{type(value).__name__}", name)  # fmt: skip
     if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(400, f"'{name}' must be a finite number", name)
     return value

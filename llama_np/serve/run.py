@@ -74,10 +74,14 @@ def serve(args: argparse.Namespace) -> int:
         print(f"llama-np: serving {model_id} at http://{args.host}:{port}/v1 ({args.parallel} "
               f"slots of {ctx} tokens, {llm.kernels})", file=sys.stderr, flush=True)  # fmt: skip
         server = uvicorn.Server(config)  # on a thread: it leaves the signals to us
-        http = threading.Thread(target=run_http, args=(server, sock, engine), name="http")
+        http = threading.Thread(target=run_http, args=(server, sock, engine), name="http",
+                                daemon=True)  # fmt: skip
         on_signals(server, app.state.server)
         http.start()
-        engine.run()  # the kernels' calls all come from this thread (Engine.start says why)
-        http.join()
+        try:
+            engine.run()  # the kernels' calls all come from this thread (Engine.start: why)
+        finally:
+            server.should_exit = True  # the loop failed: no server without it
+            http.join(args.shutdown_timeout + 5)
     print("llama-np: server stopped", file=sys.stderr)
     return 0
