@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from .probe import Probe
+from .report import _opt
 from .sol import Estimate
 
 WORDS = (
@@ -182,10 +183,6 @@ def hold(rows: list[Row], est_for, probe: Probe | None, bandwidth: float | None,
         r.measured_over_sol = r.sol_tok_s / r.tok_s
         r.gbs = est.bytes_per_token * r.tok_s / r.concurrency / 1e9
         r.attainable_gbs, r.pct_attainable = bw / 1e9, 100 * r.gbs * 1e9 / bw
-
-
-def _opt(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 COLUMNS = [
