@@ -33,7 +33,7 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     for cls in formats.values():
         w = cls.random((5, 256), rng)
         w.matvec(x, dot=dot)
-        for b in (2, FEW + 1):  # both kinds of batched product (weights.FEW)
+        for b in range(1, FEW + 2):  # each count of few vectors (fewdot.py), then the panels
             w.matmul(x[None].repeat(b, 0), dot=dot)
         w.rows(np.array([1]))
     x = x[:64]

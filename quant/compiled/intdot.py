@@ -263,31 +263,3 @@ def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out, wide):
     m, g, n = spread(out.shape[0])
     for i in prange(m):
         rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, i * g, min(n, i * g + g), add, out)
-
-
-# --- one vector of a batch: the same row functions, x as igemm.quantized_rows rounds the
-# batch's rows (each as quantize_x and per16 round one vector), for matmat.matmat_rows
-
-
-@kernel
-def vrows_q8_0(w, xs, v, c0, c1, add, out):
-    """Chunks c0:c1 of vector v's product: w = (codes, scales)."""
-    codes, scales = w
-    xq, xd, xsum, _, _, lo = xs
-    rows_q8_0(codes, scales, xq[v], xd[v], xsum[v], lo, c0, c1, add, out[v])
-
-
-@kernel
-def vrows_q4(w, xs, v, c0, c1, add, out):
-    """w = (codes, scales, mins, factor, bits): q4_0, q4_1, q5_0, q5_1."""
-    codes, scales, mins, factor, bits = w
-    xq, xd, xsum, _, _, lo = xs
-    rows_q4(codes, scales, mins, factor, bits, xq[v], xd[v], xsum[v], lo, c0, c1, add, out[v])
-
-
-@kernel
-def vrows_k(w, xs, v, c0, c1, add, out):
-    """w = (blocks, format code, bytes per block): the K-quants."""
-    blocks, fmt, nbytes = w
-    xq, _, _, xd16, xb16, lo = xs
-    rows_k(blocks, fmt, nbytes, xq[v], xd16[v], xb16[v], lo, c0, c1, add, out[v])

@@ -1,9 +1,9 @@
 """Products of several vectors that keep decode's arithmetic: Y = X @ W.T for B vectors.
 
-`matmat_rows`: up to weights.FEW vectors, the decode kernels themselves, each chunk of
-rows multiplied by every vector in turn while it is in cache (read from memory once);
-the row function is an argument (intdot.vrows_*, matvec.vrows_*), so each vector gets
-the bits a decode step alone gives it.
+`matmat_rows`: the float formats' products of up to weights.FEW vectors, the decode
+kernels themselves, each chunk of rows multiplied by every vector in turn while it is in
+cache (read from memory once); the row function is an argument (matvec.vrows_*), so each
+vector gets the bits a decode step alone gives it. (The quantized formats: fewdot.py.)
 
 The quantized formats with x in float32 (dot "f32"): each thread takes a panel of 16 rows
 at a time, dequantized into a float32 buffer that stays in L1/L2 (the format's own
@@ -157,7 +157,7 @@ def matmat_rows(rows, w, xs, add, out):
     """out (B, rows) (=, or += when add) X @ W.T a vector at a time, with the decode kernels:
     the rows in chunks over the threads, each chunk multiplied by every vector in turn
     while its weights are in cache (read from memory once). rows(w, xs, v, c0, c1, add,
-    out): vector v's product over chunks c0:c1 (intdot.vrows_*, matvec.vrows_*), so each
+    out): vector v's product over chunks c0:c1 (matvec.vrows_*), so each
     vector gets the bits a decode step alone gives it. For a few vectors: the weights cost
     their bytes once, the arithmetic B times at the decode kernels' rate."""
     m, g, n = spread(out.shape[1])

@@ -12,11 +12,11 @@ with the NumPy backend; these classes say how the bytes lie in memory:
 
 Decode calls one parallel kernel per matrix, with x in float32 or rounded to int8 or int16
 (`dot`, the backend's choice). A product of several vectors (a batch's decode step, a
-prompt) runs `matmat_into`: up to FEW vectors the decode kernels themselves, a vector at
-a time over each chunk of rows while it is in cache (matmat.matmat_rows: each vector gets
-the bits decode gives it); more, panels of 16 rows decoded once and multiplied by the
-vectors in integers (igemm.matmat_int: x rounded as decode rounds it) or, for the float
-formats, in float32 (igemm.matmat_float).
+prompt) runs `matmat_into`: up to FEW vectors decode's loop, each block of 4 rows loaded
+and decoded once and multiplied by every vector (fewdot.py for the quantized formats, x
+rounded as decode rounds it; matmat.matmat_rows for the float ones); more, panels of 16
+rows decoded once and multiplied by the vectors in integers (igemm.matmat_int) or, for
+the float formats, in float32 (igemm.matmat_float).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..base import BlockFormat, Weight
 from ..blocks import PANEL_WEIGHTS  # also a long prompt's panels here, with float x
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import assemble, split
-from . import dequant, ggml, igemm, intdot, layers, matmat, matvec
+from . import dequant, fewdot, ggml, igemm, intdot, layers, matmat, matvec
 from .layers import Operands
 from .matvec import GROUP
 from .ops import NO_NORM, ZERO
@@ -42,9 +42,10 @@ BATCH = 64
 # The `dot`s that multiply a quantized format's codes by x's integers (intdot.py): x
 # rounded to int8 (llama.cpp's activations) or to int16 (two int8 halves).
 INTEGER = ("int8", "int16")
-# Up to this many vectors a product runs the decode kernels a vector at a time
-# (matmat_rows); more, the panels (igemm). Where the two cross, measured (DEVELOPERS.md).
-FEW = 3
+# Up to FEW vectors a product runs decode's loop, each block of weights loaded once for
+# every vector (fewdot.py; the float formats: matmat_rows); more, the panels (igemm).
+# Where the two cross, measured (DEVELOPERS.md).
+FEW = fewdot.FEW
 
 
 def to_groups(a: np.ndarray, per_block: int) -> np.ndarray:
@@ -169,12 +170,12 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
         self.dequantize_groups(g0, g1, panel)
         return panel[r0 - GROUP * g0 : r1 - GROUP * g0]
 
-    vrows: object  # intdot's vrows_ function of the format
+    few: object  # fewdot's few_ function of the format
     panels: object  # igemm's panels_ function of the format
     signed = 0  # 1: its panels hold int8 codes, not bytes (q8_0 where SIGNED_Q8)
 
     def row_operands(self) -> tuple:
-        """What the format's vrows_ function takes as w."""
+        """What the format's few_ function takes as w."""
         raise NotImplementedError
 
     def panel_operands(self) -> tuple:
@@ -184,15 +185,15 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
                     dot: str = "f32") -> None:  # fmt: skip
-        """out (=, or += when add) x @ W.T. With integer x: up to FEW vectors the decode
-        kernels a vector at a time, more the integer panels; with float x, the float
+        """out (=, or += when add) x @ W.T. With integer x: up to FEW vectors decode's
+        loop for several vectors (fewdot.py), more the integer panels; with float x, the float
         batch kernels (up to BATCH vectors) or dequantized panels and sgemm."""
         if dot not in INTEGER:
             self.float_matmat(x, out, add)
             return
         xs = igemm.quantized_rows(x, dot == "int16")
         if x.shape[0] <= FEW:
-            matmat.matmat_rows(self.vrows, self.row_operands(), xs, add, out)
+            fewdot.matmat_few(self.few, self.row_operands(), xs, tuple(range(x.shape[0])), add, out)
             return
         xq, xd, _, _, xb16, lo = xs
         codes, dms = igemm.scratch_for(self.shape[1])
@@ -252,7 +253,7 @@ class CQ8_0Weight(GroupedWeight):
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
-    vrows, panels, signed = intdot.vrows_q8_0, igemm.panels_q8_0, int(SIGNED_Q8)
+    few, panels, signed = fewdot.few_q8_0, igemm.panels_q8_0, int(SIGNED_Q8)
 
     def row_operands(self) -> tuple:
         return self.codes, self.scales
@@ -330,7 +331,7 @@ class NibbleGroups(GroupedWeight):
         else:
             dequant.dequant_q5(self.codes, self.scales, mins, factor, self.bits, g0, g1, out)
 
-    vrows, panels = intdot.vrows_q4, igemm.panels_nibbles
+    few, panels = fewdot.few_q4, igemm.panels_nibbles
 
     def row_operands(self) -> tuple:
         mins, factor = self.mins_factor
@@ -398,7 +399,7 @@ class KGroups(GroupedWeight):
         lay = self.layout
         ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
 
-    vrows, panels = intdot.vrows_k, igemm.panels_k
+    few, panels = fewdot.few_k, igemm.panels_k
 
     def row_operands(self) -> tuple:
         return self.blocks, self.code, self.layout.nbytes

@@ -1,5 +1,6 @@
 """Products of several vectors on the compiled backend (CompiledMatrix.matmat_into): up to
-FEW vectors the decode kernels a vector at a time, more the panels of quant.compiled.igemm
+FEW vectors decode's loop with each block decoded once for them all (quant.compiled.fewdot;
+the float formats: the decode kernels a vector at a time), more the panels of quant.compiled.igemm
 (integer codes times x's integers, or float32 for the float formats). Against the NumPy
 references (quant.intdot for x rounded to integers, the dequantized matrix for float x),
 on odd shapes: rows around the panels of 16 and the tiles of 4 and 8 vectors, 1 to 10
@@ -21,7 +22,7 @@ from quant.compiled.weights import FEW
 from tests.quant.test_intdot import BITS, FMTS, exact_case, random_weight, shape_for
 
 SHAPES = [(1, 1), (5, 3), (17, 1), (33, 10), (70, 3)]  # (rows, blocks)
-VECTORS = [1, FEW, FEW + 1, 5, 9, 17]  # both sides of FEW, tiles of 4 full and partial
+VECTORS = [1, 2, 3, FEW, FEW + 1, 9, 17]  # each count up to FEW, tiles of 4 full and partial
 FLOATS = ("f32", "f16", "bf16")
 
 
@@ -108,16 +109,17 @@ PATH_SCRIPT = textwrap.dedent(
     for dot in t.BITS:
         for fmt in t.FMTS:
             for shape in ((5, 3), (33, 10)):
-                t.test_a_batch_equals_the_reference_exactly(fmt, shape, 9, dot)
+                for b in (3, 9):  # fewdot's kernels, igemm's panels
+                    t.test_a_batch_equals_the_reference_exactly(fmt, shape, b, dot)
     """
 )
 
 
-@pytest.mark.slow  # compiles the panel kernels anew for another CPU
+@pytest.mark.slow  # compiles the batch kernels anew for another CPU
 @pytest.mark.parametrize("path", ["vpmaddubsw", "generic"])
-def test_the_panels_on_other_instruction_paths(path, tmp_path):
-    """The panel products compiled for an AVX2 CPU (q8_0's signed codes, vpmaddubsw) and
-    for a generic x86-64 equal the reference exactly, as on this machine."""
+def test_batches_on_other_instruction_paths(path, tmp_path):
+    """The few-vector and panel products compiled for an AVX2 CPU (q8_0's signed codes,
+    vpmaddubsw) and for a generic x86-64 equal the reference exactly, as here."""
     from tests.quant.test_intdot import PATHS
 
     env, runnable = PATHS[path]

@@ -107,31 +107,49 @@ def _repeat(builder, v, times: int):
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
-def _scales(builder, context, sig, args, k: int, at: int, xd):
-    """<16 x float>: the 4 float16 scales src[at:at + 4] times xd, each over its row's 4
-    lanes."""
+def _spread_f16(builder, context, sig, args, k: int, at: int):
+    """<16 x float>: the 4 float16 scales src[at:at + 4], each over its row's 4 lanes."""
     d = builder.fpext(_load(builder, context, sig, args, k, at, ir.VectorType(ir.HalfType(), 4)),
                       ir.VectorType(ir.FloatType(), 4))  # fmt: skip
     mask = ir.Constant(ir.VectorType(I32, 16), [j // 4 for j in range(16)])
-    spread = builder.shuffle_vector(d, ir.Constant(d.type, ir.Undefined), mask)
-    xd16 = _repeat(
-        builder,
-        builder.insert_element(
-            ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), xd, ir.Constant(I32, 0)
-        ),
-        16,
+    return builder.shuffle_vector(d, ir.Constant(d.type, ir.Undefined), mask)
+
+
+def _splat_f32(builder, v):
+    """<16 x float>: the float32 v in every lane."""
+    one = builder.insert_element(
+        ir.Constant(ir.VectorType(ir.FloatType(), 1), ir.Undefined), v, ir.Constant(I32, 0)
     )
-    return builder.fmul(spread, xd16)
+    return _repeat(builder, one, 16)
 
 
-def _accumulate(builder, context, sig, args, lanes, scale):
-    """acc (argument 0, 16 float32 lanes) += float(lanes) * scale."""
-    acc = context.make_array(sig.args[0])(context, builder, args[0])
-    ptr = builder.bitcast(acc.data, F32x16.as_pointer())
+def _add_into(builder, ptr, lanes, scale):
+    """*ptr (16 float32 lanes) += float(lanes) * scale."""
+    ptr = builder.bitcast(ptr, F32x16.as_pointer())
     product = builder.fmul(builder.sitofp(lanes, F32x16), scale, flags=["contract"])
     builder.store(
         builder.fadd(builder.load(ptr, align=4), product, flags=["contract"]), ptr, align=4
     )
+
+
+def element_at(builder, context, aryty, value, i, j):
+    """The address of element [i, j] of a 2-D C-contiguous array."""
+    ary = context.make_array(aryty)(context, builder, value)
+    width = builder.extract_value(ary.shape, 1)
+    i, j = (v if v.type == width.type else builder.sext(v, width.type) for v in (i, j))
+    return builder.gep(ary.data, [builder.add(builder.mul(i, width), j)])
+
+
+def vectors(builder, sig, args, k: int) -> list:
+    """The vectors' rows named by argument k, a tuple of integers (its length is the
+    kernel's count of vectors, known when it is compiled)."""
+    return [builder.extract_value(args[k], j) for j in range(sig.args[k].count)]
+
+
+def at_offset(builder, context, sig, args, k: int, at: int, offset: int):
+    """The address of argument k's element args[at] + offset (a 1-D array)."""
+    ary = context.make_array(sig.args[k])(context, builder, args[k])
+    return builder.gep(ary.data, [builder.add(args[at], ir.Constant(args[at].type, offset))])
 
 
 def with_low(builder, lo, lanes, low):
@@ -171,6 +189,42 @@ def _splat_i32(builder, v):
     return _repeat(builder, one, 16)
 
 
+def _q8_into(builder, first, second, xs, lo, xsums, d, xds, accs):
+    """One q8_0 block of 4 grouped rows (codes: `first` rows 0-1, `second` rows 2-3, as
+    <64 x i8>) times the block of each vector: its x bytes at xs[j] (low bytes lo on), its
+    sum xsums[j] (i32) and scale xds[j] (float), into the 16 float lanes at accs[j]; d:
+    the rows' float16 scales spread (_spread_f16). The codes are loaded once for every
+    vector; one branch on lo for all of them."""
+
+    def dots(ptrs):
+        out = []
+        for at in ptrs:
+            x = _repeat(builder, _bytes_at(builder, at, 32), 2)
+            out += [dot_i8(builder, first, x), dot_i8(builder, second, x)]  # rows 0,1 | 2,3
+        return out
+
+    lanes = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(h, [lo]) for h in xs]))
+    lo_lanes = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
+    hi_lanes = [j + 4 for j in lo_lanes]
+    pick = ir.VectorType(I32, 16)
+    for j, acc in enumerate(accs):
+        a, b = lanes[2 * j], lanes[2 * j + 1]
+        folded = builder.add(builder.shuffle_vector(a, b, ir.Constant(pick, lo_lanes)),
+                             builder.shuffle_vector(a, b, ir.Constant(pick, hi_lanes)))  # fmt: skip
+        if VNNI:  # each row counted 128 sum(x) too: 32 sum(x) per lane
+            bias = builder.mul(xsums[j], ir.Constant(I32, 32))
+            folded = builder.sub(folded, _splat_i32(builder, bias))
+        _add_into(builder, acc, folded, builder.fmul(d, _splat_f32(builder, xds[j])))
+
+
+def _q8_codes(builder, context, sig, args):
+    """The two <64 x i8> of a q8_0 block of 4 rows: codes (argument 1) from args[2]."""
+    first = _load(builder, context, sig, args, 1, 2, I8x64)
+    second = builder.load(builder.bitcast(at_offset(builder, context, sig, args, 1, 2, 64),
+                                          I8x64.as_pointer()), align=1)  # fmt: skip
+    return first, second
+
+
 @intrinsic
 def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd, lo):
     """acc[0:16] += (the dot products of one q8_0 block of 4 grouped rows, codes[co:co +
@@ -181,31 +235,39 @@ def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd, lo):
 
     def codegen(context, builder, sig, args):
         lo = args[9]
-        high, low = _x_at(builder, context, sig, args, 3, 4, lo)
-        first = _load(builder, context, sig, args, 1, 2, I8x64)
-        ary = context.make_array(sig.args[1])(context, builder, args[1])
-        ptr = builder.gep(ary.data, [builder.add(args[2], ir.Constant(args[2].type, 64))])
-        second = builder.load(builder.bitcast(ptr, I8x64.as_pointer()), align=1)
-
-        def dots(at):
-            x = _repeat(builder, _bytes_at(builder, at, 32), 2)
-            return [dot_i8(builder, first, x), dot_i8(builder, second, x)]  # rows 0,1 | 2,3
-
-        a, b = with_low(builder, lo, dots(high), lambda: dots(low))
-        lo_lanes = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
-        hi_lanes = [j + 4 for j in lo_lanes]
-        pick = ir.VectorType(I32, 16)
-        lanes = builder.add(builder.shuffle_vector(a, b, ir.Constant(pick, lo_lanes)),
-                            builder.shuffle_vector(a, b, ir.Constant(pick, hi_lanes)))  # fmt: skip
-        if VNNI:  # each row counted 128 sum(x) too: 32 sum(x) per lane
-            bias = builder.mul(args[5], ir.Constant(I32, 32))
-            lanes = builder.sub(lanes, _splat_i32(builder, bias))
-        _accumulate(
-            builder, context, sig, args, lanes, _scales(builder, context, sig, args, 6, 7, args[8])
-        )
+        high, _ = _x_at(builder, context, sig, args, 3, 4, lo)
+        first, second = _q8_codes(builder, context, sig, args)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        d = _spread_f16(builder, context, sig, args, 6, 7)
+        _q8_into(builder, first, second, [high], lo, [args[5]], d, [args[8]], [acc])
 
     sig = types.void(acc, codes, types.intp, xq, types.intp, types.int32, scales, types.intp,
                      types.float32, types.intp)  # fmt: skip
+    return sig, codegen
+
+
+@intrinsic
+def q8_block_n(typingctx, acc, codes, co, xq, vs, xo, xsum, b, scales, so, xd, lo):
+    """q8_block for several vectors, each block of codes loaded and decoded once: vector j
+    is row vs[j] (vs a tuple) of xq (its block at xo), xsum and xd (2-D; block b), into
+    acc[16 j:16 j + 16]."""
+
+    def codegen(context, builder, sig, args):
+        lo, rows = args[11], vectors(builder, sig, args, 4)
+        first, second = _q8_codes(builder, context, sig, args)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        d = _spread_f16(builder, context, sig, args, 8, 9)
+
+        def each(k, at):
+            return [element_at(builder, context, sig.args[k], args[k], v, at) for v in rows]
+
+        xsums = [builder.load(p) for p in each(6, args[7])]
+        xds = [builder.load(p) for p in each(10, args[7])]
+        accs = [builder.gep(acc, [ir.Constant(I32, 16 * j)]) for j in range(len(rows))]
+        _q8_into(builder, first, second, each(3, args[5]), lo, xsums, d, xds, accs)
+
+    sig = types.void(acc, codes, types.intp, xq, vs, types.intp, xsum, types.intp, scales,
+                     types.intp, xd, types.intp)  # fmt: skip
     return sig, codegen
 
 
@@ -240,29 +302,65 @@ def _spread(builder, context, sig, args, k: int, at: int):
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
-def _nibble_dot(builder, context, sig, args, five: bool):
-    """The codegen of q4_dot and q5_dot (five: its bit words are arguments 3 and 4, and
-    the arguments after them shift by two)."""
+def _nibble_codes(builder, context, sig, args, five: bool):
+    """The two <64 x i8> code vectors of a 4-bit block of 4 rows (codes: argument 1 from
+    args[2]): elements 0-15 (the low nibbles) and 16-31 (the high ones), each with its
+    fifth bit (bit words: arguments 3 and 4) when `five`."""
     v = _load(builder, context, sig, args, 1, 2, I8x64)
     low = builder.and_(v, ir.Constant(I8x64, [15] * 64))
     high = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
-    k = 3
     if five:
         low = builder.or_(low, _fifth_bits(builder, context, sig, args, 3, 4, False))
         high = builder.or_(high, _fifth_bits(builder, context, sig, args, 3, 4, True))
-        k = 5
+    return low, high
+
+
+def _nibble_into(builder, low, high, xs, lo, scs, accs):
+    """The 4-bit block (_nibble_codes) times each vector's block at xs[j] (low bytes lo
+    on), times its rows' scales scs[j] (<16 x float>), into the lanes at accs[j]."""
+
+    def dots(ptrs):  # elements 0-15 by the low nibbles, 16-31 by the high ones
+        out = []
+        for at in ptrs:
+            first = _repeat(builder, _bytes_at(builder, at, 16), 4)
+            second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
+            out.append(dot_u8_add(builder, dot_u8(builder, low, first), high, second))
+        return out
+
+    lanes = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(h, [lo]) for h in xs]))
+    for j, acc in enumerate(accs):
+        _add_into(builder, acc, lanes[j], scs[j])
+
+
+def _nibble_dot(builder, context, sig, args, five: bool):
+    """The codegen of q4_dot and q5_dot (five: its bit words are arguments 3 and 4, and
+    the arguments after them shift by two)."""
+    low, high = _nibble_codes(builder, context, sig, args, five)
+    k = 5 if five else 3
     lo = args[k + 4]
-    x_high, x_low = _x_at(builder, context, sig, args, k, k + 1, lo)
+    x_high, _ = _x_at(builder, context, sig, args, k, k + 1, lo)
+    acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+    sc = _spread(builder, context, sig, args, k + 2, k + 3)
+    _nibble_into(builder, low, high, [x_high], lo, [sc], [acc])
 
-    def dots(at):  # elements 0-15 by the low nibbles, 16-31 by the high ones
-        first = _repeat(builder, _bytes_at(builder, at, 16), 4)
-        second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
-        return dot_u8_add(builder, dot_u8(builder, low, first), high, second)
 
-    (lanes,) = with_low(builder, lo, [dots(x_high)], lambda: [dots(x_low)])
-    _accumulate(
-        builder, context, sig, args, lanes, _spread(builder, context, sig, args, k + 2, k + 3)
-    )
+def _nibble_dot_n(builder, context, sig, args, five: bool):
+    """The codegen of q4_dot_n and q5_dot_n (arguments as _nibble_dot's, vs after xq)."""
+    low, high = _nibble_codes(builder, context, sig, args, five)
+    k = 5 if five else 3
+    lo, rows = args[k + 5], vectors(builder, sig, args, k + 1)
+    xs = [element_at(builder, context, sig.args[k], args[k], v, args[k + 2]) for v in rows]
+    acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+    mask = ir.Constant(ir.VectorType(I32, 16), [j // 4 for j in range(16)])
+    scs, accs = [], []
+    for j in range(len(rows)):
+        at = element_at(builder, context, sig.args[k + 3], args[k + 3], ir.Constant(I32, j),
+                        args[k + 4])  # fmt: skip
+        four = builder.load(builder.bitcast(at, ir.VectorType(ir.FloatType(), 4).as_pointer()),
+                            align=1)  # fmt: skip
+        scs.append(builder.shuffle_vector(four, ir.Constant(four.type, ir.Undefined), mask))
+        accs.append(builder.gep(acc, [ir.Constant(I32, 16 * j)]))
+    _nibble_into(builder, low, high, xs, lo, scs, accs)
 
 
 @intrinsic
@@ -290,4 +388,28 @@ def q5_dot(typingctx, acc, codes, co, bits, bo, xq, xo, sc, so, lo):
 
     sig = types.void(acc, codes, types.intp, bits, types.intp, xq, types.intp, sc, types.intp,
                      types.intp)  # fmt: skip
+    return sig, codegen
+
+
+@intrinsic
+def q4_dot_n(typingctx, acc, codes, co, xq, vs, xo, sc, so, lo):
+    """q4_dot for several vectors, the codes decoded once: vector j is row vs[j] of xq (a
+    2-D array, its block at xo), times row j of sc (2-D) from so, into acc[16 j:16 j + 16]."""
+
+    def codegen(context, builder, sig, args):
+        _nibble_dot_n(builder, context, sig, args, False)
+
+    sig = types.void(acc, codes, types.intp, xq, vs, types.intp, sc, types.intp, types.intp)
+    return sig, codegen
+
+
+@intrinsic
+def q5_dot_n(typingctx, acc, codes, co, bits, bo, xq, vs, xo, sc, so, lo):
+    """q5_dot for several vectors (q4_dot_n's arguments, the bit words after co)."""
+
+    def codegen(context, builder, sig, args):
+        _nibble_dot_n(builder, context, sig, args, True)
+
+    sig = types.void(acc, codes, types.intp, bits, types.intp, xq, vs, types.intp, sc,
+                     types.intp, types.intp)  # fmt: skip
     return sig, codegen

@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8, with_low
+from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8, element_at, vectors, with_low
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)  # format codes (compiled.ggml.CODES)
 
@@ -154,6 +154,36 @@ def _access(context, builder, sig, args):
     return ptr, lanes, times
 
 
+def _k_into(builder, fmt: int, block, xs, lo, xd16s, xb16s, accs, mins):
+    """One super-block of a row (its bytes at `block`), decoded once (DECODERS), times
+    each vector's 256 values: its x bytes at xs[j] (low bytes lo on), its sub-blocks'
+    scales and scaled sums at xd16s[j], xb16s[j] (<16 x float>*); accs[j] += the D a_s
+    xd_s (c . xq), mins[j] -= the M b_s xd_s sum(xq) (<16 x float>* each)."""
+    codes, a, m, d, dmin = DECODERS[fmt](builder, block)
+
+    def times(v, f):
+        fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
+        return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
+
+    def dots(ptrs):  # the 4 code vectors by their 64 values of each x
+        return [dot_u8(builder, c, _bytes(builder, at, 64 * v, 64))
+                for at in ptrs for v, c in enumerate(codes)]  # fmt: skip
+
+    sums = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(x, [lo]) for x in xs]))
+    da, mb = times(a, d), times(m, dmin)
+    for j, acc_at in enumerate(accs):
+        w = builder.fmul(da, builder.load(xd16s[j], align=4))
+        total = builder.load(acc_at, align=4)
+        for v in range(4):
+            wv = _spread(builder, w, [4 * v + lane // 4 for lane in range(16)])
+            product = builder.fmul(builder.sitofp(sums[4 * j + v], F32x16), wv, flags=["contract"])
+            total = builder.fadd(total, product, flags=["contract"])
+        builder.store(total, acc_at, align=4)
+        taken = builder.fmul(mb, builder.load(xb16s[j], align=4), flags=["contract"])
+        builder.store(builder.fsub(builder.load(mins[j], align=4), taken, flags=["contract"]),
+                      mins[j], align=4)  # fmt: skip
+
+
 def _k_block(fmt: int):
     @intrinsic
     def k_block(typingctx, acc, mins, at, blocks, bo, xq, xo, xd16, xb16, so, lo):
@@ -163,30 +193,9 @@ def _k_block(fmt: int):
         xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
 
         def codegen(context, builder, sig, args):
-            ptr, lanes, times = _access(context, builder, sig, args)
-            codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
-            xd = builder.load(lanes(7, 9), align=4)
-
-            w = builder.fmul(times(a, d), xd)
-            x, lo = ptr(5, 6), args[10]
-
-            def dots(at):  # the 4 code vectors by their 64 values of x
-                return [dot_u8(builder, c, _bytes(builder, at, 64 * v, 64))
-                        for v, c in enumerate(codes)]  # fmt: skip
-
-            sums = with_low(builder, lo, dots(x), lambda: dots(builder.gep(x, [lo])))
-            acc_at = lanes(0, 2)
-            total = builder.load(acc_at, align=4)
-            for v in range(4):
-                wv = _spread(builder, w, [4 * v + lane // 4 for lane in range(16)])
-                product = builder.fmul(builder.sitofp(sums[v], F32x16), wv, flags=["contract"])
-                total = builder.fadd(total, product, flags=["contract"])
-            builder.store(total, acc_at, align=4)
-            mins_at = lanes(1, 2)
-            xb = builder.load(lanes(8, 9), align=4)
-            taken = builder.fmul(times(m, dmin), xb, flags=["contract"])
-            builder.store(builder.fsub(builder.load(mins_at, align=4), taken, flags=["contract"]),
-                          mins_at, align=4)  # fmt: skip
+            ptr, lanes, _ = _access(context, builder, sig, args)
+            _k_into(builder, fmt, ptr(3, 4), [ptr(5, 6)], args[10], [lanes(7, 9)],
+                    [lanes(8, 9)], [lanes(0, 2)], [lanes(1, 2)])  # fmt: skip
 
         sig = types.void(acc, mins, types.intp, blocks, types.intp, xq, types.intp, xd16, xb16,
                          types.intp, types.intp)  # fmt: skip
@@ -197,6 +206,44 @@ def _k_block(fmt: int):
 
 k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6 = (
     _k_block(f) for f in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+)
+
+
+def _k_block_n(fmt: int):
+    @intrinsic
+    def k_block_n(typingctx, acc, mins, at, blocks, bo, xq, vs, xo, xd16, xb16, so, lo):
+        """k_block for several vectors, the super-block decoded once: vector j is row
+        vs[j] of xq, xd16 and xb16 (2-D), into acc and mins from at + 64 j."""
+
+        def codegen(context, builder, sig, args):
+            ptr, _, _ = _access(context, builder, sig, args)
+            rows = vectors(builder, sig, args, 6)
+
+            def each(k, at):
+                return [element_at(builder, context, sig.args[k], args[k], v, at) for v in rows]
+
+            def lanes(ps):
+                return [builder.bitcast(p, F32x16.as_pointer()) for p in ps]
+
+            def per_vector(k):
+                base = context.make_array(sig.args[k])(context, builder, args[k]).data
+                start = builder.gep(base, [args[2]])
+                return lanes(builder.gep(start, [ir.Constant(I32, 64 * j)])
+                             for j in range(len(rows)))  # fmt: skip
+
+            _k_into(builder, fmt, ptr(3, 4), each(5, args[7]), args[11],
+                    lanes(each(8, args[10])), lanes(each(9, args[10])), per_vector(0),
+                    per_vector(1))  # fmt: skip
+
+        sig = types.void(acc, mins, types.intp, blocks, types.intp, xq, vs, types.intp, xd16,
+                         xb16, types.intp, types.intp)  # fmt: skip
+        return sig, codegen
+
+    return k_block_n
+
+
+kn_block_q2, kn_block_q3, kn_block_q4, kn_block_q5, kn_block_q6 = (
+    _k_block_n(f) for f in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 )
 
 
