@@ -169,13 +169,6 @@ def with_low(builder, lo, lanes, low):
     return merged
 
 
-def _x_at(builder, context, sig, args, k: int, at: int, lo):
-    """Pointers to x's high bytes xq[args[at]:] and its low bytes lo further on."""
-    ary = context.make_array(sig.args[k])(context, builder, args[k])
-    high = builder.gep(ary.data, [args[at]])
-    return high, builder.gep(high, [lo])
-
-
 def _bytes_at(builder, ptr, n: int, offset: int = 0):
     if offset:
         ptr = builder.gep(ptr, [ir.Constant(I32, offset)])
@@ -235,7 +228,7 @@ def q8_block(typingctx, acc, codes, co, xq, xo, xsum, scales, so, xd, lo):
 
     def codegen(context, builder, sig, args):
         lo = args[9]
-        high, _ = _x_at(builder, context, sig, args, 3, 4, lo)
+        high = at_offset(builder, context, sig, args, 3, 4, 0)  # x's high bytes
         first, second = _q8_codes(builder, context, sig, args)
         acc = context.make_array(sig.args[0])(context, builder, args[0]).data
         d = _spread_f16(builder, context, sig, args, 6, 7)
@@ -338,7 +331,7 @@ def _nibble_dot(builder, context, sig, args, five: bool):
     low, high = _nibble_codes(builder, context, sig, args, five)
     k = 5 if five else 3
     lo = args[k + 4]
-    x_high, _ = _x_at(builder, context, sig, args, k, k + 1, lo)
+    x_high = at_offset(builder, context, sig, args, k, k + 1, 0)
     acc = context.make_array(sig.args[0])(context, builder, args[0]).data
     sc = _spread(builder, context, sig, args, k + 2, k + 3)
     _nibble_into(builder, low, high, [x_high], lo, [sc], [acc])
