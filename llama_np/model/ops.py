@@ -202,3 +202,11 @@ class NumpyOps:
         backend has it (ops_compiled); False: the forward pass runs the blocks one operation
         at a time."""
         return False
+
+    def decode_batch(
+        self, c: Config, blocks: list, x: np.ndarray, caches: list, rots: list, spans: list
+    ) -> bool:
+        """Every decoder block of a batch's decode step (one token of each of B sequences)
+        in one call on x (B, dim), in place, where a backend has it (ops_compiled); False:
+        the blocks one operation at a time."""
+        return False

@@ -1,7 +1,8 @@
 """The forward pass's operations on the compiled backend: for one token (decode) each is one
 compiled call, the matrix product with its RMSNorm, SwiGLU or residual addition fused in
 (quant.compiled.ops.prologue), and all the decoder blocks of a decode step can run as one
-call (`decode_blocks`: quant.compiled.layers); a prompt (several tokens) runs the NumPy
+call (`decode_blocks`: quant.compiled.layers; a few sequences' step: `decode_batch`,
+quant.compiled.fewblocks); a prompt (several tokens) runs the NumPy
 reference, whose batched matrix products are as fast as anything here."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
-from quant.compiled import attention, layers, ops
+from quant.compiled import attention, fewblocks, layers, ops
+from quant.compiled.fewdot import FEW
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
 
@@ -76,6 +78,7 @@ class Blocks:
         self.table = layers.table(operands)
         self.norms = np.stack([np.stack([b.attn_norm, b.mlp_norm]) for b in blocks])
         self.norms = self.norms.astype(np.float32)
+        self.quantized = bool((self.table.rows[:, layers.KIND] >= layers.Q8_0).any())
         bias = [b.qkv_bias for b in blocks]
         self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
                        else np.stack(bias).astype(np.float32))  # fmt: skip
@@ -128,9 +131,40 @@ class CompiledOps(NumpyOps):
         t = packed.table
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
-                             packed.kv_addresses(cache), span.slot, span.n_keys,
-                             INT_BITS[self.dot], self.team or numba.get_num_threads())  # fmt: skip
+                             packed.kv_addresses(cache), span.slot, span.n_keys, self.ints,
+                             self.team or numba.get_num_threads())  # fmt: skip
         return True
+
+    def decode_batch(
+        self, c: Config, blocks: Sequence, x: np.ndarray, caches: list, rots: list, spans: list
+    ) -> bool:
+        """One token of each of B <= FEW sequences through every decoder block in one
+        compiled call (fewblocks.decode_few), x (B, dim) in place; False (nothing done)
+        when the blocks cannot be packed, B is 1 or more than FEW, the caches' layouts
+        differ, or a quantized product would multiply x in float32 (the calls one by one
+        run those)."""
+        packed = self.packed(blocks) if self.one_call else None
+        if packed is None or not 1 < x.shape[0] <= FEW or (packed.quantized and not self.ints):
+            return False
+        if not (x.flags.c_contiguous and x.flags.writeable):
+            return False
+        layouts = [self.kv_layout(cache) for cache in caches]
+        if len({shapes for shapes, _ in layouts}) != 1:
+            return False
+        t = packed.table
+        fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors, packed.plan,
+                             packed.norms, packed.biases, np.float32(c.norm_eps),
+                             np.stack([r.cos[0] for r in rots]), np.stack([r.sin[0] for r in rots]),
+                             *caches[0].arrays(0), np.stack([at for _, at in layouts], axis=1),
+                             np.array([s.slot for s in spans], np.int64),
+                             np.array([s.n_keys for s in spans], np.int64), self.ints,
+                             self.team or numba.get_num_threads())  # fmt: skip
+        return True
+
+    @property
+    def ints(self) -> int:
+        """The bits of x's integers in quantized products (0: float32)."""
+        return INT_BITS[self.dot]
 
     def kv_layout(self, cache: KVCache) -> tuple[tuple, np.ndarray]:
         """A cache's stores' shapes and, per layer, their addresses (once per cache)."""

@@ -74,6 +74,23 @@ class Seam:
             self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
         return done
 
+    def decode_batch(
+        self, blocks: list, reads: dict[str, int], x: np.ndarray, caches: list[KVCache],
+        rots: list[Rotary], spans: list[Span],
+    ) -> bool:  # fmt: skip
+        """A batch's decode step through every decoder block in one call on x (B, dim), in
+        place, if the operations have it: then records `reads` (the blocks' weights, norms
+        and biases, read once for all B) and each sequence's KV span in each layer, as
+        the calls one by one record them, and says True; False (nothing done) when not."""
+        done = self.ops.decode_batch(self.config, blocks, x, caches, rots, spans)
+        if done:
+            for category, n in reads.items():
+                self.meter.read(category, n)
+            for span in spans:
+                self.meter.read("kv_cache", len(blocks) * span.read_nbytes)
+                self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
+        return done
+
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
         self.meter.read(category, w.nbytes)
@@ -93,6 +110,9 @@ class Profiled(Seam):
     operation at a time, so that each has a time of its own."""
 
     def decode_blocks(self, *args) -> bool:
+        return False
+
+    def decode_batch(self, *args) -> bool:
         return False
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:

@@ -201,7 +201,9 @@ class Transformer:
         self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
         x = seam.embed(w.embed, tokens)  # (B, dim)
         rots = [self.ops.rotary(np.array([c.pos]), self.inv_freq) for c in caches]
-        x = self._blocks(x, lambda qkv, i: seam.attention_batch(qkv, caches, i, rots, spans))
+        # a few sequences' step runs every block in one call (x in place) where the backend can
+        if not seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans):
+            x = self._blocks(x, lambda qkv, i: seam.attention_batch(qkv, caches, i, rots, spans))
         for c in caches:
             c.advance(1)
         logits = seam.norm_linear(x, w.norm, w.lm_head, HEAD)  # (B, vocab)

@@ -29,6 +29,8 @@ from llama_np.generation.generate import check_logits
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.model.kvcache import KVCache
 
+WARM = 4  # batch sizes warm_up runs: quant.compiled.fewblocks compiles each up to FEW
+
 
 class QueueFull(LlamaNpError):
     """Every slot is busy and the queue holds as many requests as it may."""
@@ -132,6 +134,14 @@ class Engine:
         self._pending = 0  # submitted, not yet holding a slot (inbox + waiting)
         self._lock = threading.Lock()
         self.thread: threading.Thread | None = None
+
+    def warm_up(self) -> None:
+        """Run a batched decode step of each size up to `slots` (at most WARM) once on
+        scratch caches, before the first request: the compiled backend compiles its one-call
+        step for each count of a few sequences (or loads it from the disk cache)."""
+        for b in range(2, min(self.slots, WARM) + 1):
+            caches = [self.llm.new_cache(2, self.window, self.kv) for _ in range(b)]
+            self.llm.model.step_batch(np.zeros(b, np.int64), caches)
 
     def start(self) -> Engine:
         """Run the loop on a thread of its own. (`llama-np serve` runs it on the main thread

@@ -62,6 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         window = args.window if args.window is not None else llm.config.sliding_window
         check_batch_fits(llm.model, args.parallel, ctx, window, args.kv)
         engine = Engine(llm, args.parallel, ctx, args.kv, window, args.chunk, args.max_queue)
+        engine.warm_up()
         probe = load_probe(args.threads or usable_cores())
         if probe is None:
             print("llama-np: note: no probe of this machine: /metrics leaves out the speed-"

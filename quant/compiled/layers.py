@@ -8,7 +8,8 @@ token. Here the whole stack of blocks is one call, `decode_blocks`, which starts
 parallel loop: each thread walks every layer's phases (team.py), taking chunks of each
 product's rows and attention tasks from the phase's counter, and runs them with the very
 functions the block-by-block kernels run (`rows_` in matvec.py, intdot.py, ggml.py;
-attention.attend_task), so the logits are the same bit for bit.
+attention.attend_task), so the logits are the same bit for bit (when both were compiled in
+one process: jit.kernel).
 
 The weights reach the kernel as a table of addresses, one row per matrix (`Table`): a call
 then unboxes two small arrays instead of ~120 matrices' arrays (a numba typed List of them
@@ -288,42 +289,66 @@ def rows_at(buf, at, rows, cols):
     return carray(voidptr(buf.ctypes.data + 4 * at), (rows, cols), np.float32)
 
 
-@kernel(parallel=True)
-def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
-    """One decode step of one layer for B sequences in one call: every sequence's
-    attention tasks (attention.attend_task: KV heads x pieces of its keys, each sequence
-    its own number of pieces) in one parallel loop, then each sequence's pieces combined.
-    qkv (B, ...) the tokens' projections; cos, sin (B, hd / 2); keys, values: sequence
-    0's stores of this layer (their shapes and format, which every sequence's share);
-    kv_at (B, arrays of both): each sequence's stores at their addresses; slots, ns (B,):
-    where each appends and how many keys it attends; out (B, n_heads * hd). Each sequence
-    gets the bits attention.attend gives it alone (the same tasks, combined in order)."""
-    nb, nk = qkv.shape[0], len(keys)
-    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
-    n_heads = out.shape[1] // hd
+@kernel(inline=True)
+def batch_tasks(ns, n_kv, n_heads, hd):
+    """How the attention tasks of B sequences over ns (B,) keys are laid out, one
+    sequence after the other: first (B + 1,) sequence b's tasks first[b]:first[b + 1]
+    (KV heads x pieces of its keys, each sequence its own number of pieces), at (B + 1,)
+    where its pieces' scratch starts, runs (B,) its tiles per piece; and the scratch of
+    all: top, total and part (see attention.attend_task)."""
+    nb = ns.shape[0]
     first, at = np.zeros(nb + 1, np.int64), np.zeros(nb + 1, np.int64)
     runs = np.empty(nb, np.int64)
-    for b in range(nb):  # sequence b's tasks first[b]:first[b + 1], its scratch from at[b]
+    for b in range(nb):
         pieces, runs[b] = attention.split(-(-ns[b] // attention.TILE))
         first[b + 1] = first[b] + n_kv * pieces
         at[b + 1] = at[b] + n_heads * pieces
     top, total = np.empty(at[nb], np.float32), np.empty(at[nb], np.float32)
-    part = np.empty(at[nb] * hd, np.float32)
-    for task in prange(first[nb]):
-        t = np.int64(task)
-        b = np.searchsorted(first, t, side="right") - 1
-        pieces = (first[b + 1] - first[b]) // n_kv
-        kk = at_addresses(keys, kv_at[b, :nk])
-        vv = at_addresses(values, kv_at[b, nk:])
-        p = rows_at(part, at[b] * hd, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
-        attention.attend_task(qkv[b], cos[b], sin[b], kk, vv, slots[b], ns[b], t - first[b],
-                              runs[b], rows_at(top, at[b], n_heads, pieces),
-                              rows_at(total, at[b], n_heads, pieces), p)  # fmt: skip
-    for b in prange(nb):
-        pieces = (first[b + 1] - first[b]) // n_kv
-        p = rows_at(part, at[b] * hd, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
-        attention.combine(rows_at(top, at[b], n_heads, pieces),
-                          rows_at(total, at[b], n_heads, pieces), p, out[b])  # fmt: skip
+    return first, at, runs, top, total, np.empty(at[nb] * hd, np.float32)
+
+
+@kernel(inline=True)
+def pieces_of_sequence(first, at, b, n_kv, hd, top, total, part):
+    """Sequence b's top, total (n_heads, pieces) and part (n_heads, pieces, hd) in the
+    scratch that batch_tasks laid out."""
+    pieces = (first[b + 1] - first[b]) // n_kv
+    n_heads = (at[b + 1] - at[b]) // pieces
+    p = rows_at(part, at[b] * hd, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
+    return rows_at(top, at[b], n_heads, pieces), rows_at(total, at[b], n_heads, pieces), p
+
+
+@kernel(inline=True)
+def batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, t, tasks):
+    """Task t of a batch's attention (tasks: what batch_tasks returned): attention.
+    attend_task for the sequence whose tasks hold t, in its own KV stores (kv_at (B,
+    arrays of both): each sequence's at their addresses)."""
+    first, at, runs, top, total, part = tasks
+    nk, n_kv, hd = len(keys), values[0].shape[0], cos.shape[1] * 2
+    b = np.searchsorted(first, t, side="right") - 1
+    kk = at_addresses(keys, kv_at[b, :nk])
+    vv = at_addresses(values, kv_at[b, nk:])
+    top_b, total_b, part_b = pieces_of_sequence(first, at, b, n_kv, hd, top, total, part)
+    attention.attend_task(qkv[b], cos[b], sin[b], kk, vv, slots[b], ns[b], t - first[b], runs[b],
+                          top_b, total_b, part_b)  # fmt: skip
+
+
+@kernel(parallel=True)
+def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
+    """One decode step of one layer for B sequences in one call: every sequence's
+    attention tasks (batch_task) in one parallel loop, then each sequence's pieces
+    combined. qkv (B, ...) the tokens' projections; cos, sin (B, hd / 2); keys, values:
+    sequence 0's stores of this layer (their shapes and format, which every sequence's
+    share); kv_at (B, arrays of both): each sequence's stores at their addresses; slots,
+    ns (B,): where each appends and how many keys it attends; out (B, n_heads * hd). Each
+    sequence gets the bits attention.attend gives it alone (the same tasks, combined in
+    order)."""
+    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
+    tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
+    first, at, _, top, total, part = tasks
+    for task in prange(first[-1]):
+        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, np.int64(task), tasks)
+    for b in prange(qkv.shape[0]):
+        attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 
 
 PHASES = 5  # per layer: qkv, attention, o, gate_up, down

@@ -1,10 +1,11 @@
 """The compiled backend's decode step with its decoder blocks in one call
-(quant.compiled.layers.decode_blocks) against the same blocks called one operation at a
-time: the same kernels in the same order, so the same logits bit for bit, and the same
-bytes in the meter. Shapes that are not powers of two, rows not a multiple of the 4-row
-groups, stacks of several formats, every KV format, a sliding window that wraps, qwen2's
-biases, x in float32 and in int8. (The blocks one by one are themselves held to the NumPy
-reference and transformers by tests/integration/test_differential.py.)"""
+(quant.compiled.layers.decode_blocks; a batch's step: quant.compiled.fewblocks) against the
+same blocks called one operation at a time: the same kernels in the same order, so the
+same logits (see `same_logits`), and the same bytes in the meter. Shapes that are not
+powers of two, rows not a multiple of the 4-row groups, stacks of several formats, every
+KV format, a sliding window that wraps, qwen2's biases, x in float32 and in int8. (The
+blocks one by one are themselves held to the NumPy reference and transformers by
+tests/integration/test_differential.py.)"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from arch.presets import PRESETS
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
+from quant.compiled import fewblocks
 from quant.stack import StackedWeight
 
 BASE = PRESETS["smollm2-135m"]
@@ -77,6 +79,17 @@ def decode(model, kv: str, one_call: bool):
     return np.stack(logits), reads, writes
 
 
+def same_logits(one: np.ndarray, each: np.ndarray) -> None:
+    """The one call's logits equal the calls one by one's, bit for bit when both paths were
+    compiled in one process (test_the_same_bits_whatever_was_compiled_first), else within
+    a few float32 roundings: numba links a kernel's optimized IR into each caller and runs
+    LLVM's optimizer over it again there, and with fast math a kernel compiled in another
+    process (loaded from the disk cache) and linked again can round a sum differently
+    (seen: 1 ulp, 1.2e-7 on logits of ~1). A wrong row, sequence or bias is off by far more."""
+    assert np.isfinite(one).all()
+    np.testing.assert_allclose(one, each, rtol=0, atol=1e-5 * np.abs(each).max())
+
+
 # a q8_0 KV cache needs head_dim a multiple of 32
 RUNS = [(case, kv) for case in CASES for kv in ("f32", "f16", "q8_0")
         if kv != "q8_0" or CASES[case][0].head_dim % 32 == 0]  # fmt: skip
@@ -89,8 +102,7 @@ def test_blocks_in_one_call_equal_call_by_call(case: str, kv: str, kernels: str)
     assert model.ops.packed(model.weights.layers) is not None  # the one call really runs
     one, reads, writes = decode(model, kv, True)
     each, reads_each, writes_each = decode(model, kv, False)
-    assert np.isfinite(one).all()
-    assert np.array_equal(one, each)
+    same_logits(one, each)
     assert reads == reads_each and writes == writes_each
 
 
@@ -105,8 +117,8 @@ SCHEDULES = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (5, 2), (8, 2)]
 @pytest.mark.parametrize("kernels", ["numba-f32", "numba-int16"])
 def test_the_same_logits_whatever_runs_which_rows(kernels: str) -> None:
     """A row's sum never depends on the thread that runs it or on the chunks it came in:
-    every schedule of the one call, and the calls one by one on 1 or 2 threads, give the
-    same logits bit for bit."""
+    every schedule of the one call gives the same logits bit for bit, and so do the calls
+    one by one on 1 or 2 threads (and the two paths `same_logits`)."""
     model = model_for("q4_1 + q8_0 v, window", kernels)
     threads = numba.get_num_threads()
     try:
@@ -114,10 +126,14 @@ def test_the_same_logits_whatever_runs_which_rows(kernels: str) -> None:
         alone = decode(model, "f32", False)[0]
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
         assert np.array_equal(decode(model, "f32", False)[0], alone)
+        first = None
         for team, n in SCHEDULES:
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
             model.ops.team = team
-            assert np.array_equal(decode(model, "f32", True)[0], alone), (team, n)
+            one = decode(model, "f32", True)[0]
+            first = one if first is None else first
+            assert np.array_equal(one, first), (team, n)
+        same_logits(first, alone)
     finally:
         numba.set_num_threads(threads)
         model.ops.team = None
@@ -131,7 +147,8 @@ ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call"),
 
 def compile_orders() -> None:
     """Run in a fresh process with an empty kernel cache (test_the_same_bits_whatever_was_
-    compiled_first): compile one path before the other, each way round, hold them equal,
+    compiled_first): compile one path before the other, each way round (a batch's step of
+    3 sequences the other way round from decode's), hold them equal,
     and check that no out-of-line kernel was compiled twice for argument types that differ
     only in a literal value, an integer's sign or width, or an array's write flag."""
     from quant.compiled.jit import duplicate_specializations
@@ -141,6 +158,8 @@ def compile_orders() -> None:
         order = [True, False] if first == "one call" else [False, True]
         a, b = (decode(model, kv, one_call)[0] for one_call in order)
         assert np.array_equal(a, b), (case, kernels, kv, first)
+        a, b = (decode_batch(model, kv, one_call, PROMPTS[:3])[0] for one_call in order[::-1])
+        assert np.array_equal(a, b), ("batch", case, kernels, kv, first)
     assert not duplicate_specializations(), duplicate_specializations()
 
 
@@ -169,3 +188,43 @@ def test_one_call_is_what_decode_runs(monkeypatch) -> None:
     cache = model.new_cache(8)
     model.forward(np.array([1]), cache)
     assert len(calls) == 1  # the prompt's first attention only
+
+
+def decode_batch(model, kv: str, one_call: bool, prompts: list[list[int]]):
+    """Logits and the meter's reads and writes of 6 batched decode steps of the sequences
+    after `prompts` (each its own length: ragged depths, a window that wraps)."""
+    model.ops.one_call = one_call
+    caches = [model.new_cache(32, kv=kv) for _ in prompts]
+    for prompt, cache in zip(prompts, caches, strict=True):
+        model.forward(np.array(prompt), cache)
+    logits, reads, writes = [], [], []
+    rng = np.random.default_rng(6)
+    for _ in range(6):
+        logits.append(model.step_batch(rng.integers(0, 300, len(caches)), caches))
+        step = model.meter.last
+        reads.append(dict(step.reads))
+        writes.append(dict(step.writes))
+    return np.stack(logits), reads, writes
+
+
+PROMPTS = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11], [12, 13]]
+
+
+@pytest.mark.parametrize("b", [2, 3, 4])
+@pytest.mark.parametrize("kernels", ["numba-f32", "numba-int8", "numba-int16"])
+@pytest.mark.parametrize(("case", "kv"), RUNS)
+def test_a_batch_in_one_call_equals_call_by_call(case: str, kv: str, kernels: str, b: int):
+    """A batch's decode step in one call (quant.compiled.fewblocks) gives each sequence
+    the bits of the batched step run call by call, and the meter the same bytes. With x
+    in float32 (numba-f32) only a model of float formats runs the one call."""
+    model = model_for(case, kernels)
+    one_call = kernels != "numba-f32" or CASES[case][1] in ("f32", "f16", "bf16")
+    calls = []
+    decode_few = fewblocks.decode_few
+    with pytest.MonkeyPatch.context() as m:  # the one call really runs (or not), once a step
+        m.setattr(fewblocks, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
+        one, reads, writes = decode_batch(model, kv, True, PROMPTS[:b])
+    assert len(calls) == (6 if one_call else 0)
+    each, reads_each, writes_each = decode_batch(model, kv, False, PROMPTS[:b])
+    same_logits(one, each)
+    assert reads == reads_each and writes == writes_each

@@ -1,0 +1,231 @@
+"""A small batch's decode step in one compiled call: layers.decode_blocks for B <= FEW
+sequences.
+
+Run call by call, a batched step of SmolLM2-135M makes ~330 kernel calls (each product's
+rows rounded to integers in a call of their own, the prologues, the attention of each
+layer), ~8.5 us of fixed cost each against products of 22-52 us: B = 2 cost 1.9x B = 1,
+where the kernels themselves cost 1.2-1.5x. Here the step is one call and one parallel
+loop, as decode_blocks runs one sequence: each thread walks every layer's phases
+(team.py), and a product's chunks of rows are multiplied by the B vectors at once with
+fewdot's kernels (each block of weights decoded once for every vector), after the thread
+ran the prologue and the rounding of all B into its own buffers.
+
+The same functions in the same order as the calls one by one (ops.prepare_rows,
+intdot.quantize_x and per16 as igemm.quantize_rows runs them, fewdot's few_ entries,
+matvec's vrows_ a chunk at a time, layers.batch_task and attention.combine): every
+sequence gets the bits the batched step gives it call by call (compiled in one process:
+jit.kernel). The products multiply x
+as integers (`ints` 8 or 16), or as float32 where every matrix is in a float format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, prange
+
+from . import attention, fewdot, intdot, matvec
+from .jit import kernel
+from .layers import (
+    BF16,
+    CODE,
+    F16,
+    F32,
+    KIND,
+    KQUANT,
+    NBYTES,
+    PHASES,
+    Q8_0,
+    ROWS,
+    batch_task,
+    batch_tasks,
+    chunks,
+    operand,
+    out_rows,
+    pieces_of_sequence,
+    voidptr,
+)
+from .matvec import CHUNK
+from .ops import NORM, PLAIN, SWIGLU, prepare_rows
+from .team import LINE, finish, grain_of, take
+
+
+@kernel(inline=True)
+def lay(buf, rows, cols, dtype):
+    """The first rows * cols values of the 1-D buffer buf as a (rows, cols) C-contiguous
+    array of dtype (buf's own)."""
+    return carray(voidptr(buf.ctypes.data), (rows, cols), dtype)
+
+
+@kernel
+def scratch(b, n, stack):
+    """A thread's buffers for b vectors of at most n values: the prologues h, x's integers
+    xq (room for int16's low bytes), xd, xsum, xd16, xb16 (igemm.quantized_rows), the
+    part of a stack a product runs (b x `stack` rows), and the attention's output."""
+    f32 = np.float32
+    return (np.empty(b * n, f32), np.empty(2 * b * n, np.int8), np.empty(b * n // 32, f32),
+            np.empty(b * n // 32, np.int32), np.empty(b * n // 16, f32),
+            np.empty(b * n // 16, f32), np.empty(b * stack, f32), np.empty(b * n, f32))  # fmt: skip
+
+
+@kernel(inline=True)
+def heads(x, norm, eps, mode, buf):
+    """The prologue of every row of x (B, cols) (ops.prepare_rows) into buf's h: what a
+    product multiplies (x itself when PLAIN)."""
+    if mode == PLAIN:
+        return x
+    h = lay(buf[0], x.shape[0], x.shape[1] if mode == NORM else x.shape[1] // 2, np.float32)
+    prepare_rows(x, norm, eps, mode, h)
+    return h
+
+
+@kernel(inline=True)
+def rounded(rows, p0, p1, h, buf, ints):
+    """h's rows rounded into buf as igemm.quantized_rows rounds them (xq, xd, xsum, xd16,
+    xb16, lo), when a matrix of the stack p0:p1 is quantized and `ints`."""
+    b, n = h.shape
+    lo = n if ints == 16 else 0
+    xs = (lay(buf[1], b, n + lo, np.int8), lay(buf[2], b, n // 32, np.float32),
+          lay(buf[3], b, n // 32, np.int32), lay(buf[4], b, n // 16, np.float32),
+          lay(buf[5], b, n // 16, np.float32), lo)  # fmt: skip
+    quantized = False
+    for p in range(p0, p1):
+        quantized |= rows[p, KIND] >= Q8_0
+    if ints and quantized:
+        xq, xd, xsum, xd16, xb16, _ = xs
+        for v in range(b):
+            intdot.quantize_x(h[v], xq[v], xd[v], xsum[v], lo)
+            intdot.per16(xq[v], xd[v], lo, xd16[v], xb16[v])
+    return xs
+
+
+@kernel(inline=True)
+def run_rows(rows, factors, p, h, xs, vs, c0, c1, add, out):
+    """Chunks c0:c1 of out (B, rows of W_p) (=, or += when add) the vectors vs of h
+    times W_p.T: a quantized W_p by fewdot's kernel of its format on x's integers xs, a
+    float one a chunk at a time by matvec's vrows_ (matmat.matmat_rows' order)."""
+    kind = rows[p, KIND]
+    if kind == F32 or kind == F16 or kind == BF16:
+        for c in range(c0, c1):
+            for v in vs:
+                if kind == F32:
+                    matvec.vrows_f32(operand(rows, p, 0, np.float32), h, v, c, c + 1, add, out)
+                elif kind == F16:
+                    matvec.vrows_f16(operand(rows, p, 0, np.uint16), h, v, c, c + 1, add, out)
+                else:
+                    matvec.vrows_bf16(operand(rows, p, 0, np.uint16), h, v, c, c + 1, add, out)
+    elif kind == KQUANT:
+        w = (operand(rows, p, 0, np.uint8), rows[p, CODE], rows[p, NBYTES])
+        fewdot.few_k(w, xs, vs, c0, c1, add, out)
+    elif kind == Q8_0:
+        w = (operand(rows, p, 0, np.uint8), operand(rows, p, 1, np.uint16))
+        fewdot.few_q8_0(w, xs, vs, c0, c1, add, out)
+    else:
+        codes, scales = operand(rows, p, 0, np.uint8), operand(rows, p, 1, np.uint16)
+        mins, bits = operand(rows, p, 2, np.uint16), operand(rows, p, 3, np.uint32)
+        fewdot.few_q4((codes, scales, mins, factors[p], bits), xs, vs, c0, c1, add, out)
+
+
+@kernel(inline=True)
+def stack_rows(rows, factors, p0, p1, h, xs, vs, c0, c1, add, out, bias, part):
+    """Chunks c0:c1 of the product of the stack p0:p1 (layers.chunks numbers them), then
+    `bias` (empty: none) added to the rows they wrote. A stack of several matrices runs
+    each into a C-contiguous part of its own (buf `part`), then copies or adds it into its
+    columns of out, as the calls one by one concatenate the parts' products."""
+    first, r0, nb = 0, 0, out.shape[0]
+    for p in range(p0, p1):
+        n = rows[p, ROWS]
+        a, b = max(c0 - first, 0), min(c1 - first, -(-n // CHUNK))
+        if a < b:
+            r1 = min(n, b * CHUNK)
+            if p1 - p0 == 1:
+                run_rows(rows, factors, p, h, xs, vs, a, b, add, out)
+            else:
+                y = lay(part, nb, n, np.float32)
+                run_rows(rows, factors, p, h, xs, vs, a, b, False, y)
+                for v in range(nb):
+                    for r in range(a * CHUNK, r1):
+                        out[v, r0 + r] = out[v, r0 + r] + y[v, r] if add else y[v, r]
+            for v in range(nb if bias.shape[0] else 0):
+                for r in range(r0 + a * CHUNK, r0 + r1):
+                    out[v, r] += bias[r]
+        first, r0 = first + -(-n // CHUNK), r0 + n
+
+
+@kernel
+def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias, vs,
+            buf, ints):  # fmt: skip
+    """Phase k: out (B, rows) (=, or += when add) prologue(x) @ W.T (+ bias) for W the
+    stack p0:p1, by chunks taken from the phase's counter; every thread that takes one
+    runs the prologues and the rounding into its own buffers first."""
+    n = chunks(rows, p0, p1)
+    grain = grain_of(n, threads)
+    c = take(sync, k, grain, n)
+    finished = 0
+    if c < n:
+        h = heads(x, norm, eps, mode, buf)
+        xs = rounded(rows, p0, p1, h, buf, ints)
+        while c < n:
+            c1 = min(n, c + grain)
+            stack_rows(rows, factors, p0, p1, h, xs, vs, c, c1, add, out, bias, buf[6])
+            finished += c1 - c
+            c = take(sync, k, grain, n)
+    finish(sync, k, finished, n)
+
+
+@kernel
+def attend(sync, k, qkv, cos, sin, keys, values, kv_at, slots, ns, tasks, att):
+    """Phase k: every sequence's attention tasks (layers.batch_task), one at a time; then
+    each thread combines every sequence's pieces into its own att (B, q_dim)."""
+    first, at, _, top, total, part = tasks
+    n, n_kv, hd = first[-1], values[0].shape[0], cos.shape[1] * 2
+    finished = 0
+    t = take(sync, k, 1, n)
+    while t < n:
+        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, t, tasks)
+        finished += 1
+        t = take(sync, k, 1, n)
+    finish(sync, k, finished, n)
+    for b in range(qkv.shape[0]):
+        attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), att[b])
+
+
+@kernel
+def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys,
+           values, kv_at, slots, ns, ints, qkv, gate_up, tasks):  # fmt: skip
+    """One thread's walk through every phase of every layer (decode_few)."""
+    nb, hd = x.shape[0], cos.shape[1] * 2
+    q_dim = qkv.shape[1] - 2 * values[0].shape[0] * hd
+    buf = scratch(nb, max(x.shape[1], gate_up.shape[1] // 2, q_dim),
+                  max(qkv.shape[1], gate_up.shape[1]))  # fmt: skip
+    att = lay(buf[7], nb, q_dim, np.float32)
+    none = biases[0, :0]  # no bias: an array of the caller's (see layers.member)
+    for i in range(plan.shape[0]):
+        p, k = plan[i], PHASES * i
+        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM,
+                False, qkv, biases[i], vs, buf, ints)  # fmt: skip
+        attend(sync, k + 1, qkv, cos, sin, keys, values, kv_at[i], slots, ns, tasks, att)
+        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
+                PLAIN, True, x, none, vs, buf, ints)  # fmt: skip
+        product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
+                False, gate_up, none, vs, buf, ints)  # fmt: skip
+        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
+                eps, SWIGLU, True, x, none, vs, buf, ints)  # fmt: skip
+
+
+@kernel(parallel=True)
+def decode_few(x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys, values, kv_at,
+               slots, ns, ints, threads):  # fmt: skip
+    """The decoder blocks of one decode step of B sequences on their residual streams x
+    (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). cos, sin
+    (B, hd / 2): each token's RoPE angle; kv_at (L, B, arrays of both): each layer's KV
+    stores of each sequence at their addresses (every sequence's stores have sequence
+    0's shapes and format: keys, values, layer 0's); slots, ns (B,): where each appends
+    and how many keys it attends. The rest as layers.decode_blocks takes it."""
+    nb, n_kv, hd = x.shape[0], values[0].shape[0], cos.shape[1] * 2
+    qkv = np.empty((nb, out_rows(rows, plan[0, 0, 0], plan[0, 0, 1])), np.float32)
+    gate_up = np.empty((nb, out_rows(rows, plan[0, 2, 0], plan[0, 2, 1])), np.float32)
+    tasks = batch_tasks(ns, n_kv, (qkv.shape[1] - 2 * n_kv * hd) // hd, hd)
+    sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
+    for _ in prange(threads):
+        member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys,
+               values, kv_at, slots, ns, ints, qkv, gate_up, tasks)  # fmt: skip
