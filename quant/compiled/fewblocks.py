@@ -12,7 +12,7 @@ ran the prologue and the rounding of all B into its own buffers.
 
 The same functions in the same order as the calls one by one (ops.prepare_rows,
 intdot.quantize_x and per16 as igemm.quantize_rows runs them, fewdot's few_ entries,
-matvec's vrows_ a chunk at a time, layers.batch_task and attention.combine): every
+layers.batch_task and attention.combine): every
 sequence gets the bits the batched step gives it call by call (compiled in one process:
 jit.kernel). The products multiply x
 as integers (`ints` 8 or 16), or as float32 where every matrix is in a float format.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, prange
 
-from . import attention, fewdot, intdot, matvec
+from . import attention, fewdot, intdot
 from .jit import kernel
 from .layers import (
     BF16,
@@ -101,18 +101,15 @@ def rounded(rows, p0, p1, h, buf, ints):
 @kernel(inline=True)
 def run_rows(rows, factors, p, h, xs, vs, c0, c1, add, out):
     """Chunks c0:c1 of out (B, rows of W_p) (=, or += when add) the vectors vs of h
-    times W_p.T: a quantized W_p by fewdot's kernel of its format on x's integers xs, a
-    float one a chunk at a time by matvec's vrows_ (matmat.matmat_rows' order)."""
+    times W_p.T by fewdot's kernel of its format: a quantized W_p's on x's integers xs,
+    a float one's on h."""
     kind = rows[p, KIND]
-    if kind == F32 or kind == F16 or kind == BF16:
-        for c in range(c0, c1):
-            for v in vs:
-                if kind == F32:
-                    matvec.vrows_f32(operand(rows, p, 0, np.float32), h, v, c, c + 1, add, out)
-                elif kind == F16:
-                    matvec.vrows_f16(operand(rows, p, 0, np.uint16), h, v, c, c + 1, add, out)
-                else:
-                    matvec.vrows_bf16(operand(rows, p, 0, np.uint16), h, v, c, c + 1, add, out)
+    if kind == F32:
+        fewdot.few_f32((operand(rows, p, 0, np.float32),), h, vs, c0, c1, add, out)
+    elif kind == F16:
+        fewdot.few_f16((operand(rows, p, 0, np.uint16),), h, vs, c0, c1, add, out)
+    elif kind == BF16:
+        fewdot.few_bf16((operand(rows, p, 0, np.uint16),), h, vs, c0, c1, add, out)
     elif kind == KQUANT:
         w = (operand(rows, p, 0, np.uint8), rows[p, CODE], rows[p, NBYTES])
         fewdot.few_k(w, xs, vs, c0, c1, add, out)

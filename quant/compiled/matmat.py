@@ -1,9 +1,5 @@
-"""Products of several vectors that keep decode's arithmetic: Y = X @ W.T for B vectors.
-
-`matmat_rows`: the float formats' products of up to weights.FEW vectors, the decode
-kernels themselves, each chunk of rows multiplied by every vector in turn while it is in
-cache (read from memory once); the row function is an argument (matvec.vrows_*), so each
-vector gets the bits a decode step alone gives it. (The quantized formats: fewdot.py.)
+"""Products of several vectors in float32: Y = X @ W.T for B vectors. (Up to weights.FEW
+vectors: fewdot.py, every format.)
 
 The quantized formats with x in float32 (dot "f32"): each thread takes a panel of 16 rows
 at a time, dequantized into a float32 buffer that stays in L1/L2 (the format's own
@@ -23,7 +19,7 @@ from numba import carray, get_thread_id, prange
 from .dequant import dequant_q4, dequant_q5, dequant_q8_0
 from .ggml import dequant_ggml
 from .jit import kernel
-from .matvec import GROUP, spread
+from .matvec import GROUP
 from .simd.scalar import stack_f32
 
 ROWS = 16  # rows per piece of parallel work (4 groups): 16 x cols float32 in L1/L2
@@ -150,18 +146,3 @@ def matmat_ggml(blocks, fmt, nbytes, weights, x, out, scratch):
         buf = scratch[get_thread_id()]
         dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, buf)
         gemm_panel(buf, x, out, GROUP * g0, min(rows, GROUP * g1) - GROUP * g0)
-
-
-@kernel(parallel=True)
-def matmat_rows(rows, w, xs, add, out):
-    """out (B, rows) (=, or += when add) X @ W.T a vector at a time, with the decode kernels:
-    the rows in chunks over the threads, each chunk multiplied by every vector in turn
-    while its weights are in cache (read from memory once). rows(w, xs, v, c0, c1, add,
-    out): vector v's product over chunks c0:c1 (matvec.vrows_*), so each
-    vector gets the bits a decode step alone gives it. For a few vectors: the weights cost
-    their bytes once, the arithmetic B times at the decode kernels' rate."""
-    m, g, n = spread(out.shape[1])
-    for i in prange(m):
-        for c in range(i * g, min(n, i * g + g)):
-            for v in range(out.shape[0]):
-                rows(w, xs, v, c, c + 1, add, out)

@@ -318,21 +318,3 @@ def matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
     for i in prange(m):
         c0, c1 = i * g, min(n, i * g + g)
         rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out)
-
-
-# --- one vector of a batch (matmat.matmat_rows): the same row functions
-
-
-@kernel
-def vrows_f32(w, x, v, c0, c1, add, out):
-    rows_f32(w, x[v], c0, c1, add, out[v])
-
-
-@kernel
-def vrows_f16(w, x, v, c0, c1, add, out):
-    rows_f16(w, x[v], c0, c1, add, out[v])
-
-
-@kernel
-def vrows_bf16(w, x, v, c0, c1, add, out):
-    rows_bf16(w, x[v], c0, c1, add, out[v])

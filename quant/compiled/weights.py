@@ -14,7 +14,7 @@ Decode calls one parallel kernel per matrix, with x in float32 or rounded to int
 (`dot`, the backend's choice). A product of several vectors (a batch's decode step, a
 prompt) runs `matmat_into`: up to FEW vectors decode's loop, each block of 4 rows loaded
 and decoded once and multiplied by every vector (fewdot.py for the quantized formats, x
-rounded as decode rounds it; matmat.matmat_rows for the float ones); more, panels of 16
+rounded as decode rounds it; float32 x for the float ones); more, panels of 16
 rows decoded once and multiplied by the vectors in integers (igemm.matmat_int) or, for
 the float formats, in float32 (igemm.matmat_float).
 """
@@ -43,7 +43,7 @@ BATCH = 64
 # rounded to int8 (llama.cpp's activations) or to int16 (two int8 halves).
 INTEGER = ("int8", "int16")
 # Up to FEW vectors a product runs decode's loop, each block of weights loaded once for
-# every vector (fewdot.py; the float formats: matmat_rows); more, the panels (igemm).
+# every vector (fewdot.py, the float formats too); more, the panels (igemm).
 # Where the two cross, measured (DEVELOPERS.md).
 FEW = fewdot.FEW
 
@@ -100,20 +100,20 @@ class CompiledMatrix:
 class FloatMatrix(CompiledMatrix):
     """f32, f16, bf16: their several-vector products (x stays float32 whatever `dot`)."""
 
-    vrows: object  # matvec's vrows_ function of the format
+    few: object  # fewdot's few_ function of the format
     panels: object  # igemm's panels_ function of the format
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
                     dot: str = "f32") -> None:  # fmt: skip
         w = self.w if isinstance(self, F32Weight) else self.bits
         if x.shape[0] <= FEW:
-            matmat.matmat_rows(self.vrows, w, x, add, out)
+            fewdot.matmat_few(self.few, (w,), x, tuple(range(x.shape[0])), add, out)
         else:
             igemm.matmat_float(self.panels, w, x, add, out, igemm.float_scratch(self.shape[1]))
 
 
 class CF32Weight(FloatMatrix, F32Weight):
-    vrows, panels = matvec.vrows_f32, igemm.panels_f32
+    few, panels = fewdot.few_f32, igemm.panels_f32
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
@@ -123,7 +123,7 @@ class CF32Weight(FloatMatrix, F32Weight):
 
 
 class CF16Weight(FloatMatrix, F16Weight):
-    vrows, panels = matvec.vrows_f16, igemm.panels_f16
+    few, panels = fewdot.few_f16, igemm.panels_f16
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
@@ -139,7 +139,7 @@ class CF16Weight(FloatMatrix, F16Weight):
 
 
 class CBF16Weight(FloatMatrix, BF16Weight):
-    vrows, panels = matvec.vrows_bf16, igemm.panels_bf16
+    few, panels = fewdot.few_bf16, igemm.panels_bf16
 
     def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)

@@ -313,13 +313,13 @@ def test_kernel_cache_key_covers_every_kernel_source():
 
 CACHED_SCRIPT = """
 import numpy as np
-from quant.compiled import FORMATS, fewdot, igemm, matmat
+from quant.compiled import FORMATS, fewdot, igemm
 
 for fmt in ("f32", "q8_0", "q4_k"):
     w = FORMATS[fmt].random((20, 256), np.random.default_rng(0))
     for b in (2, 7):  # both kinds of batched product: their row or panel function an argument
         w.matmul(np.ones((b, 256), np.float32), dot="int16")
-kernels = (matmat.matmat_rows, fewdot.matmat_few, igemm.matmat_int, igemm.matmat_float)
+kernels = (fewdot.matmat_few, igemm.matmat_int, igemm.matmat_float)
 print(sum(k.stats.cache_misses.get(s, 0) for k in kernels for s in k.signatures))
 """
 

@@ -194,3 +194,57 @@ def _vv(kind: str, accumulate: bool):
 
 fma16_f16v = _vv("f16", True)  # acc[at:at + 16] += float16 a[a_at:a_at + 16] * b[b_at:...]
 mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]
+
+
+def _row_lanes(builder, context, sig, args, kind: str):
+    """16 weights of row args[1] of the 2-D C-contiguous args[0] from column args[2], as
+    <16 x float>: float32, or float16 / bfloat16 bit patterns (uint16) widened."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    width = builder.extract_value(ary.shape, 1)
+    r, j = (v if v.type == width.type else builder.sext(v, width.type) for v in args[1:3])
+    ptr = builder.gep(ary.data, [builder.add(builder.mul(r, width), j)])
+    f32x16 = ir.VectorType(ir.FloatType(), LANES)
+    if kind == "f32":
+        return builder.load(builder.bitcast(ptr, f32x16.as_pointer()), align=4)
+    bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()),
+                        align=2)  # fmt: skip
+    if kind == "f16":
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), f32x16)
+    wide = builder.shl(builder.zext(bits, ir.VectorType(ir.IntType(32), LANES)),
+                       ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))  # fmt: skip
+    return builder.bitcast(wide, f32x16)
+
+
+def _row_fma_n(kind: str):
+    def fma16_row_n(typingctx, w, r, j, x, vs, acc, at):
+        """For each vector k of vs (a tuple of rows of the 2-D C-contiguous float32 x):
+        acc[at + 16 k : at + 16 k + 16] += w[r, j:j + 16] * x[vs[k], j:j + 16]. The
+        weights are loaded (and widened: `kind` f32, f16, bf16) once for every vector."""
+
+        def codegen(context, builder, sig, args):
+            lanes = _row_lanes(builder, context, sig, args, kind)
+            f32x16 = ir.VectorType(ir.FloatType(), LANES)
+            xa = context.make_array(sig.args[3])(context, builder, args[3])
+            width = builder.extract_value(xa.shape, 1)
+            acc = context.make_array(sig.args[5])(context, builder, args[5])
+            j = args[2] if args[2].type == width.type else builder.sext(args[2], width.type)
+            for k in range(sig.args[4].count):
+                v = builder.extract_value(args[4], k)
+                v = v if v.type == width.type else builder.sext(v, width.type)
+                xp = builder.gep(xa.data, [builder.add(builder.mul(v, width), j)])
+                xv = builder.load(builder.bitcast(xp, f32x16.as_pointer()), align=4)
+                at = builder.add(args[6], ir.Constant(args[6].type, LANES * k))
+                ap = builder.bitcast(builder.gep(acc.data, [at]), f32x16.as_pointer())
+                total = builder.fadd(builder.load(ap, align=4),
+                                     builder.fmul(lanes, xv, flags=["contract"]),
+                                     flags=["contract"])  # fmt: skip
+                builder.store(total, ap, align=4)
+
+        return types.void(w, types.intp, types.intp, x, vs, acc, types.intp), codegen
+
+    fma16_row_n.__name__ = f"fma16_row_n_{kind}"
+    return intrinsic(fma16_row_n)
+
+
+# rows of float weights times several vectors (fewdot.rows_float)
+fma16_row_n_f32, fma16_row_n_f16, fma16_row_n_bf16 = (_row_fma_n(k) for k in ("f32", "f16", "bf16"))
