@@ -2,9 +2,9 @@
 FEW vectors decode's loop with each block decoded once for them all (quant.compiled.fewdot;
 the float formats: 4 rows' weights loaded once for them all), more the panels of
 quant.compiled.igemm (integer codes times x's integers, or float32 for the float formats).
-Against the NumPy references (quant.intdot for x rounded to integers, the dequantized matrix for float x),
-on odd shapes: rows around the panels of 16 and the tiles of 4 and 8 vectors, 1 to 10
-blocks, columns that are not multiples of 16 for the float formats."""
+Against the NumPy references (quant.intdot for x rounded to integers, the dequantized
+matrix for float x), on odd shapes: rows around the panels of 16 and the tiles of 4 and 8
+vectors, 1 to 10 blocks, columns that are not multiples of 16 for the float formats."""
 
 from __future__ import annotations
 
