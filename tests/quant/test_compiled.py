@@ -12,7 +12,7 @@ import pytest
 from quant import FORMATS as NUMPY
 from quant.backends import numba_backend
 from quant.compiled import FORMATS as COMPILED
-from quant.compiled import attention, dequant, igemm, intdot, matmat, matvec, ops
+from quant.compiled import attention, dequant, fewdot, igemm, intdot, matmat, matvec, ops
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
 from tests.helpers import fits, make_weight
@@ -229,7 +229,7 @@ def test_exp_is_within_two_ulp():
 
 KERNELS = [  # helpers inlined into these (inline="always") are checked as part of them
     getattr(module, name)
-    for module in (matvec, matmat, igemm, dequant, attention, ops, intdot)
+    for module in (matvec, matmat, igemm, dequant, attention, ops, intdot, fewdot)
     for name in dir(module)
     if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     and getattr(module, name).__module__ == module.__name__
