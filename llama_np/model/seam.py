@@ -68,10 +68,7 @@ class Seam:
         True; False (nothing done) when they do not."""
         done = self.ops.decode_blocks(self.config, blocks, x, cache, rot, span)
         if done:
-            for category, n in reads.items():
-                self.meter.read(category, n)
-            self.meter.read("kv_cache", len(blocks) * span.read_nbytes)
-            self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
+            self._blocks_read(reads, len(blocks), [span])
         return done
 
     def decode_batch(
@@ -84,12 +81,17 @@ class Seam:
         the calls one by one record them, and says True; False (nothing done) when not."""
         done = self.ops.decode_batch(self.config, blocks, x, caches, rots, spans)
         if done:
-            for category, n in reads.items():
-                self.meter.read(category, n)
-            for span in spans:
-                self.meter.read("kv_cache", len(blocks) * span.read_nbytes)
-                self.meter.write("kv_cache", len(blocks) * span.write_nbytes)
+            self._blocks_read(reads, len(blocks), spans)
         return done
+
+    def _blocks_read(self, reads: dict[str, int], layers: int, spans: list[Span]) -> None:
+        """What the blocks run in one call read and wrote: `reads` once, and each span's
+        KV bytes in every layer."""
+        for category, n in reads.items():
+            self.meter.read(category, n)
+        for span in spans:
+            self.meter.read("kv_cache", layers * span.read_nbytes)
+            self.meter.write("kv_cache", layers * span.write_nbytes)
 
     def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
         """x + inp @ W.T (the residual stream after a product)"""
