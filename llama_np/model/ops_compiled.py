@@ -192,6 +192,24 @@ class CompiledOps(NumpyOps):
                             np.array([s.n_keys for s in spans], np.int64), out)  # fmt: skip
         return out
 
+    def prompt_attention(
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary
+    ) -> np.ndarray:
+        """T tokens at positions pos..pos+T-1 (slots of their own: no ring wraps) in two
+        calls: every token's key and value appended (layers.append_tokens), then each token
+        attending to the keys up to its own as one sequence of a batch does (attend_batch,
+        every token a sequence of the same cache, appending nothing): the arithmetic of a
+        decode step, token by token, read from the stored format. (T, ...) -> (T, q_dim)"""
+        t, p0 = qkv.shape[0], cache.pos
+        qkv = np.ascontiguousarray(qkv)
+        keys, values = cache.arrays(layer)
+        layers.append_tokens(qkv, rot.cos, rot.sin, keys, values, p0)
+        at = self.kv_layout(cache)[1][layer]
+        out = np.empty((t, c.q_dim), np.float32)
+        layers.attend_batch(qkv, rot.cos, rot.sin, keys, values, np.repeat(at[None], t, 0),
+                            np.full(t, -1, np.int64), np.arange(p0 + 1, p0 + t + 1), out)  # fmt: skip
+        return out
+
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
         return Rotary(positions, inv_freq, matrix=False)
 
@@ -223,9 +241,13 @@ class CompiledOps(NumpyOps):
     def attention(
         self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
     ) -> np.ndarray:
-        """One token: RoPE, append and attend in one kernel, the cache read in its format."""
+        """One token: RoPE, append and attend in one kernel, the cache read in its format.
+        A prompt of T tokens: `prompt_attention`, where its positions fill slots of their
+        own; the NumPy reference where a window's ring wraps within it."""
         if qkv.shape[0] != 1:
-            return super().attention(c, qkv, cache, layer, rot, span)
+            if cache.pos + qkv.shape[0] > cache.slots:
+                return super().attention(c, qkv, cache, layer, rot, span)
+            return self.prompt_attention(c, qkv, cache, layer, rot)
         keys, values = cache.arrays(layer)
         out = np.empty((1, c.q_dim), np.float32)
         attention.attend(qkv[0], rot.cos[0], rot.sin[0], keys, values, span.slot, span.n_keys,

@@ -351,6 +351,19 @@ def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 
 
+@kernel(parallel=True)
+def append_tokens(qkv, cos, sin, keys, values, slot0):
+    """A prompt's T tokens of one layer into its KV stores: token t's keys, rotated (cos,
+    sin (T, hd / 2)), and values stored at slot slot0 + t (attention.append), every (token,
+    KV head) a task. Then attend_batch, its tokens as sequences that share these stores and
+    append nothing (slot -1), runs the prompt's attention."""
+    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
+    n_heads = qkv.shape[1] // hd - 2 * n_kv
+    for i in prange(qkv.shape[0] * n_kv):
+        t, h = np.int64(i) // n_kv, np.int64(i) % n_kv
+        attention.append(qkv[t], cos[t], sin[t], keys, values, slot0 + t, h, n_heads)
+
+
 PHASES = 5  # per layer: qkv, attention, o, gate_up, down
 
 

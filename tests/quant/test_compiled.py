@@ -378,3 +378,50 @@ def test_batched_attention_gives_each_sequence_its_bits_alone(kv):
     for a, b in pairs:
         for x, y in zip(a, b, strict=True):
             assert all(np.array_equal(p, q) for p, q in zip(x.arrays(), y.arrays(), strict=True))
+
+
+@pytest.mark.parametrize("kv", sorted(KV_FORMATS))
+@pytest.mark.parametrize(("n_heads", "n_kv", "hd"), [(6, 2, 24), (3, 1, 10), (4, 4, 34)])
+@pytest.mark.parametrize(("p0", "t"), [(0, 2), (0, 19), (37, 5), (250, 40)])
+def test_a_prompt_in_two_calls_is_decode_token_by_token(kv, n_heads, n_kv, hd, p0, t):
+    """A prompt's attention (layers.append_tokens, then attend_batch with every token a
+    sequence of one cache, appending nothing) gives each token the bits attention.attend
+    gives it decoded alone, and leaves the same stores; and it is NumPy's causal attention
+    within float32 rounding. GQA, MQA and MHA; head dims not a multiple of 16 (q8_0: of
+    32); prompts from the first position and after a prefix, across tiles and pieces."""
+    from llama_np.model.ops import attention as np_attention
+    from llama_np.model.ops import causal_mask
+    from quant.compiled import layers
+
+    hd = 32 * -(-hd // 32) if kv == "q8_0" else hd
+    slots, rng = 320, np.random.default_rng(p0 + t + hd)
+    qkv = rng.standard_normal((t, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    angle = rng.uniform(0, 6, (t, hd // 2)).astype(np.float32)
+    cos, sin = np.cos(angle), np.sin(angle)
+    history = rng.standard_normal((2, p0, n_kv, hd)).astype(np.float32)
+    (pk, pv), (dk, dv) = (stores(kv, n_kv, slots, hd, tiled=True) for _ in range(2))
+    for k, v in ((pk, pv), (dk, dv)):
+        k.write(0, history[0])
+        v.write(0, history[1])
+    alone = np.empty((t, n_heads * hd), np.float32)
+    for i in range(t):
+        attention.attend(qkv[i], cos[i], sin[i], tuple(dk.arrays()), tuple(dv.arrays()),
+                         p0 + i, p0 + i + 1, alone[i])  # fmt: skip
+    keys, values = tuple(pk.arrays()), tuple(pv.arrays())
+    layers.append_tokens(qkv, cos, sin, keys, values, p0)
+    kv_at = np.repeat(np.array([[layers.address(a) for a in keys + values]], np.int64), t, 0)
+    prompt = np.empty_like(alone)
+    layers.attend_batch(qkv, cos, sin, keys, values, kv_at, np.full(t, -1, np.int64),
+                        np.arange(p0 + 1, p0 + t + 1), prompt)  # fmt: skip
+    assert np.array_equal(prompt, alone)
+    for a, b in ((pk, dk), (pv, dv)):
+        assert all(np.array_equal(x, y) for x, y in zip(a.arrays(), b.arrays(), strict=True))
+    # NumPy: the queries rotated, against the keys and values as stored, under the mask
+    q = qkv[:, : n_heads * hd].reshape(t, n_heads, hd)
+    a, b = q[..., : hd // 2], q[..., hd // 2 :]
+    c, s = cos[:, None, :], sin[:, None, :]
+    q = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    n = p0 + t
+    mask = causal_mask(np.arange(p0, n), np.arange(n), None)
+    ref = np_attention(q, pk.load(0, n), pv.load(0, n), mask)
+    np.testing.assert_allclose(prompt, ref, rtol=0, atol=2e-6 * np.abs(ref).max() + 1e-7)
