@@ -111,11 +111,12 @@ def panels_k(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
 
 
 @kernel(parallel=True)
-def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, xq, xd, xb, lo, add, out,
-               codes, dms):  # fmt: skip
+def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq, xd, xb, lo,
+               add, out, codes, dms):  # fmt: skip
     """out (B, rows) (=, or += when add) X @ W.T for W decoded by `decode` (a panels_
-    function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8) and X as
-    quantize_rows rounds it (xb: its xb16); codes, dms: scratch_for(cols)."""
+    function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8; `paired`: its
+    scales are per 32 weights, panels.tile) and X as quantize_rows rounds it (xb: its
+    xb16); codes, dms: scratch_for(cols)."""
     groups = a0.shape[0]
     rows, nvec = out.shape[1], xq.shape[0]
     nsub = xd.shape[1] * 2
@@ -129,7 +130,7 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, xq, xd, xb,
             for v in range(VECTORS):
                 xrows[v] = min(v0 + v, nvec - 1)  # past the end: the last again, not stored
                 orows[v] = v0 + v if v0 + v < nvec else -1
-            tile(dst, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, ROWS * p,
+            tile(dst, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, ROWS * p,
                  min(ROWS, rows - ROWS * p), add)  # fmt: skip
 
 

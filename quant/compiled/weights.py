@@ -173,6 +173,7 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
     few: object  # fewdot's few_ function of the format
     panels: object  # igemm's panels_ function of the format
     signed = 0  # 1: its panels hold int8 codes, not bytes (q8_0 where SIGNED_Q8)
+    paired = 1  # 1: one scale (and min) per 32 weights, two sub-blocks of its panels (tile)
 
     def row_operands(self) -> tuple:
         """What the format's few_ function takes as w."""
@@ -197,8 +198,8 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
             return
         xq, xd, _, _, xb16, lo = xs
         codes, dms = igemm.scratch_for(self.shape[1])
-        igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, xq, xd, xb16, lo, add,
-                         out, codes, dms)  # fmt: skip
+        igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, self.paired, xq, xd,
+                         xb16, lo, add, out, codes, dms)  # fmt: skip
 
     def float_matmat(self, x: np.ndarray, out: np.ndarray, add: bool) -> None:
         """x in float32: up to BATCH vectors one parallel kernel (matmat.py); more, panel
@@ -415,10 +416,12 @@ class KGroups(GroupedWeight):
 
 class CQ2_KWeight(KGroups):
     fmt = "q2_k"
+    paired = 0  # a scale per 16 weights
 
 
 class CQ3_KWeight(KGroups):
     fmt = "q3_k"
+    paired = 0  # a scale per 16 weights
 
 
 class CQ4_KWeight(KGroups):
@@ -431,6 +434,7 @@ class CQ5_KWeight(KGroups):
 
 class CQ6_KWeight(KGroups):
     fmt = "q6_k"
+    paired = 0  # a scale per 16 weights
 
 
 FORMATS: dict[str, type[Weight]] = {

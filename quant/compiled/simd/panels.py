@@ -349,16 +349,20 @@ def _dot_run(builder, acc, code, x4, signed: bool):
 
 
 @intrinsic
-def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, r0, nrows, add):
+def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, r0,
+         nrows, add):  # fmt: skip
     """out[orows[v], r0:r0 + nrows] (=, or += when add) the sum over sub-blocks s of D_s
     xd[v, s // 2] (c_s . xq[v, 16 s:16 s + 16]) + M_s xb[v, s], for the 4 vectors v of
     xrows (their rows of xq, xd, xb) and a panel (codes, dm: write_panel's layout, nsub
     sub-blocks). x's integers: int8, or int16 as its high bytes and, lo further on, its
     low ones (int8.py); an orows entry below 0 is not stored. `signed`: codes are int8
-    (SIGNED_Q8), not bytes."""
+    (SIGNED_Q8), not bytes. `paired`: every two sub-blocks 2 j, 2 j + 1 share D and M (a
+    format with a scale per 32 weights; nsub even): their integer sums are added before
+    the one conversion to float, as decode sums a block of 32 (PAIRED_FORMATS)."""
 
     def codegen(context, builder, sig, args):
-        codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, out_, orows_, r0, nrows, add = args
+        (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, paired_, out_, orows_, r0,
+         nrows, add) = args  # fmt: skip
         sa = sig.args
         cbase = array_ptr(context, builder, sa[0], codes_, const(0))
         dbase = builder.bitcast(array_ptr(context, builder, sa[1], dm_, const(0)), F32.as_pointer())
@@ -380,8 +384,8 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, 
             builder.bitcast(builder.gep(xbb, [builder.mul(r, xbs)]), F32.as_pointer())
             for r in vrows
         ]
-        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed_)
-        store_rows(context, builder, sa[9], out_, sa[10], orows_, r0, nrows, add, accs)
+        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed_, paired_)
+        store_rows(context, builder, sa[10], out_, sa[11], orows_, r0, nrows, add, accs)
         return context.get_dummy_value()
 
     sig = types.void(
@@ -394,6 +398,7 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, 
         xd,
         xb,
         types.intp,
+        types.intp,
         out,
         orows,
         types.intp,
@@ -403,25 +408,31 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, out, orows, 
     return sig, codegen
 
 
-def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed):
+def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired):
     """The loop over sub-blocks, its VECTORS float accumulators in registers; one loop body
-    per kind of x (int8, int16) and of codes (bytes, and int8 where SIGNED_Q8)."""
+    per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8) and of scales
+    (per 16 weights, or shared by pairs of sub-blocks)."""
     result = [cgutils.alloca_once(builder, F32x16) for _ in range(VECTORS)]
-    variants = [(False, False), (True, False)] + (
-        [(False, True), (True, True)] if SIGNED_Q8 else []
-    )
+    variants = [
+        (w, sg, pr)
+        for w in (False, True)
+        for sg in ((False, True) if SIGNED_Q8 else (False,))
+        for pr in (False, True)
+    ]
     wide = builder.icmp_signed("!=", lo, const(0))
-    is_signed = builder.icmp_signed("!=", signed, const(0)) if SIGNED_Q8 else None
+    is_signed = builder.icmp_signed("!=", signed, const(0))
+    is_paired = builder.icmp_signed("!=", paired, const(0))
     end = builder.append_basic_block("tile.end")
-    for w, sg in variants:
-        cond = wide if w else builder.not_(wide)
+    for w, sg, pr in variants:
+        cond = builder.and_(wide if w else builder.not_(wide),
+                            is_paired if pr else builder.not_(is_paired))  # fmt: skip
         if SIGNED_Q8:
             cond = builder.and_(cond, is_signed if sg else builder.not_(is_signed))
         body = builder.append_basic_block("tile.variant")
         skip = builder.append_basic_block("tile.next")
         builder.cbranch(cond, body, skip)
         builder.position_at_end(body)
-        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg)
+        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr)
         for v in range(VECTORS):
             builder.store(accs[v], result[v])
         builder.branch(end)
@@ -431,7 +442,10 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed):
     return [builder.load(r) for r in result]
 
 
-def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, signed: bool):
+def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, signed: bool,
+              paired: bool):  # fmt: skip
+    """Sub-blocks one at a time, or (paired) two, their integer sums added first."""
+    step = 2 if paired else 1
     entry = builder.block
     loop = builder.append_basic_block("tile.loop")
     done = builder.append_basic_block("tile.done")
@@ -447,7 +461,8 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
         accs.append(p)
     at = builder.mul(s, const(256))
     runs = [
-        load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64) for k in range(4)
+        load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64)
+        for k in range(4 * step)
     ]
     dp = builder.gep(dbase, [builder.mul(s, const(32))])
     D = load(builder, dp, F32x16)
@@ -459,7 +474,7 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
 
         def dots(base):
             acc = ir.Constant(I32x16, None)
-            for k in range(4):
+            for k in range(4 * step):  # a sub-block's 16 bytes: 4 runs of 4 (each pair's next)
                 x4 = builder.load(
                     builder.bitcast(builder.gep(base, [const(4 * k)]), I32.as_pointer()), align=1
                 )
@@ -473,6 +488,8 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
             )
         xd = builder.load(builder.gep(xdrow[v], [half]))
         xb = builder.load(builder.gep(xbrow[v], [s]))
+        if paired:
+            xb = builder.fadd(xb, builder.load(builder.gep(xbrow[v], [builder.add(s, const(1))])))
         w = builder.fmul(D, splat(builder, xd, F32x16))
         a = builder.fadd(
             accs[v],
@@ -483,7 +500,7 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
             a, builder.fmul(M, splat(builder, xb, F32x16), flags=["contract"]), flags=["contract"]
         )
         new.append(a)
-    s1 = builder.add(s, const(1))
+    s1 = builder.add(s, const(step))
     for v in range(VECTORS):
         accs[v].add_incoming(new[v], builder.block)
     s.add_incoming(s1, builder.block)
