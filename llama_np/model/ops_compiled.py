@@ -2,8 +2,10 @@
 compiled call, the matrix product with its RMSNorm, SwiGLU or residual addition fused in
 (quant.compiled.ops.prologue), and all the decoder blocks of a decode step can run as one
 call (`decode_blocks`: quant.compiled.layers; a few sequences' step: `decode_batch`,
-quant.compiled.fewblocks); a prompt (several tokens) runs the NumPy
-reference, whose batched matrix products are as fast as anything here."""
+quant.compiled.fewblocks). Several tokens (a batch's step, a prompt) run one product of
+all their rows per matrix (`batch_product`: quant.compiled.weights' matmat_into) and
+attention in compiled calls too (`attention_batch`, `prompt_attention`): a prompt calls
+no BLAS, whose spinning threads would take a core from numba's."""
 
 from __future__ import annotations
 
@@ -206,8 +208,9 @@ class CompiledOps(NumpyOps):
         layers.append_tokens(qkv, rot.cos, rot.sin, keys, values, p0)
         at = self.kv_layout(cache)[1][layer]
         out = np.empty((t, c.q_dim), np.float32)
-        layers.attend_batch(qkv, rot.cos, rot.sin, keys, values, np.repeat(at[None], t, 0),
-                            np.full(t, -1, np.int64), np.arange(p0 + 1, p0 + t + 1), out)  # fmt: skip
+        kv_at, none = np.repeat(at[None], t, 0), np.full(t, -1, np.int64)  # slot -1: no append
+        layers.attend_batch(qkv, rot.cos, rot.sin, keys, values, kv_at, none,
+                            np.arange(p0 + 1, p0 + t + 1), out)  # fmt: skip
         return out
 
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:

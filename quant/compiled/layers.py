@@ -345,8 +345,10 @@ def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
     n_kv, hd = values[0].shape[0], cos.shape[1] * 2
     tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
     first, at, _, top, total, part = tasks
-    for task in prange(first[-1]):
-        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, np.int64(task), tasks)
+    n = first[-1]
+    for i in prange(n):  # from both ends in turn: each thread's share of a ramp of depths
+        task = np.int64(i) // 2 if i % 2 == 0 else n - 1 - np.int64(i) // 2
+        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, task, tasks)
     for b in prange(qkv.shape[0]):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 
