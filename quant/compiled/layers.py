@@ -339,9 +339,9 @@ def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
     combined. qkv (B, ...) the tokens' projections; cos, sin (B, hd / 2); keys, values:
     sequence 0's stores of this layer (their shapes and format, which every sequence's
     share); kv_at (B, arrays of both): each sequence's stores at their addresses; slots,
-    ns (B,): where each appends and how many keys it attends; out (B, n_heads * hd). Each
-    sequence gets the bits attention.attend gives it alone (the same tasks, combined in
-    order)."""
+    ns (B,): where each appends (-1: nothing) and how many keys it attends; out (B,
+    n_heads * hd). Each sequence gets the bits attention.attend gives it alone (the same
+    tasks, combined in order)."""
     n_kv, hd = values[0].shape[0], cos.shape[1] * 2
     tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
     first, at, _, top, total, part = tasks
