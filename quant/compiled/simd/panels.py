@@ -358,7 +358,7 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     low ones (int8.py); an orows entry below 0 is not stored. `signed`: codes are int8
     (SIGNED_Q8), not bytes. `paired`: every two sub-blocks 2 j, 2 j + 1 share D and M (a
     format with a scale per 32 weights; nsub even): their integer sums are added before
-    the one conversion to float, as decode sums a block of 32 (PAIRED_FORMATS)."""
+    the one conversion to float, as decode sums a block of 32 (the weight class's `paired`)."""
 
     def codegen(context, builder, sig, args):
         (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, paired_, out_, orows_, r0,
