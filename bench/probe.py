@@ -28,7 +28,7 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 from tqdm import tqdm
 
-from quant.backends import FLOATS
+from quant.backends import BACKEND_CLASSES, FLOATS
 from quant.host import cache_dir, usable_cores
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -90,12 +90,13 @@ class Probe:
 
     def peak_flops(self, backend: str, weights: str, dot: str = "f32") -> float:
         """FLOP/s of the arithmetic the kernels of `backend` run on these weights with x
-        multiplied as `dot`: BLAS sgemm for NumPy's (its products are BLAS's); for the
-        compiled kernels the machine's own ceiling of the instruction they multiply with:
+        multiplied as `dot`, by the backend's `ceiling` (quant.backends): "sgemm", BLAS
+        sgemm's (NumPy's products are BLAS's); "instructions" (the compiled kernels), the
+        machine's own ceiling of the instruction they multiply with:
         float32 FMAs for float weights or float x, int8 multiply-adds for x rounded to
         int8, half that for int16 (two int8 products per weight). Probes made before the
         machine ceilings: sgemm's."""
-        if backend != "numba":
+        if BACKEND_CLASSES[backend].ceiling == "sgemm":
             return 1e9 * self.sgemm_gflops
         if dot in ("int8", "int16") and weights not in FLOATS and self.int8_gops:
             return 1e9 * self.int8_gops / (2 if dot == "int16" else 1)

@@ -27,6 +27,7 @@ from threadpoolctl import threadpool_limits
 from . import threads as numpy_threads
 from .base import Matrix, Weight
 from .errors import QuantError
+from .kv import KVStore, kv_store_class
 
 KERNELS = ("auto", "numpy", "numba", "numba-int16", "numba-int8", "numba-f32")
 # What "numba" (and "auto") multiply x as in the quantized decode products: x rounded to
@@ -68,6 +69,16 @@ class Backend:
     tiled_keys: bool  # keys stored in tiles of 16 slots (quant.kv)
     dot: str = "f32"  # x in quantized decode products: "f32", or "int8" (quant.intdot)
     fused: ClassVar[bool] = False
+    # The arithmetic its products run, what a compute ceiling must measure (bench.probe):
+    # "sgemm", BLAS's; "instructions", its own kernels' (float32 FMAs, int8 multiply-adds).
+    ceiling: ClassVar[str] = "sgemm"
+
+    def kv_store(self, fmt: str, shape: tuple[int, int, int], keys: bool) -> KVStore:
+        """One layer's keys (`keys`) or values, (n_kv_heads, slots, head_dim) in format
+        `fmt`, in this backend's memory and layout: host memory mapped when first written
+        (quant.kv), keys tiled where `tiled_keys`. A backend with memory of its own (a
+        GPU's) allocates there."""
+        return kv_store_class(fmt)(*shape, tiled=keys and self.tiled_keys)
 
     def weight_class(self, fmt: str) -> type[Weight]:
         try:
@@ -113,6 +124,7 @@ class NumpyBackend(Backend):
 
 class NumbaBackend(Backend):
     fused = True
+    ceiling = "instructions"
 
     def start(self, matrices: list[Matrix], threads: int) -> Running:
         """Each decode kernel splits its rows over `threads` numba threads; BLAS gets
@@ -157,6 +169,9 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None
     return NumbaBackend("numba", compiled.FORMATS, tiled_keys=True, dot=dot)
+
+
+BACKEND_CLASSES: dict[str, type[Backend]] = {"numpy": NumpyBackend, "numba": NumbaBackend}
 
 
 def get_backend(kernels: str = "auto") -> Backend:

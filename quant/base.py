@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self
+from typing import ClassVar, Protocol, Self
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .ggml import LAYOUTS, Layout, assemble, check_blocks, quantize, random_bloc
 
 class Matrix(ABC):
     fmt: str  # the name users type: "f32", "q8_0", ... ("q8_0+f16" for a stack)
-    fused: ClassVar[bool] = False  # a compiled kernel with prologue and epilogue (quant.compiled)
+    fused: ClassVar[bool] = False  # a FusedMatrix: a backend kernel with prologue and epilogue
 
     def __init__(self, shape: tuple[int, int]) -> None:
         rows, cols = shape
@@ -79,6 +79,22 @@ class Matrix(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={self.shape}, nbytes={self.nbytes})"
+
+
+class FusedMatrix(Protocol):
+    """What a matrix whose class sets `fused` offers a fused backend's forward pass
+    (llama_np.model.ops_compiled): products into a caller's buffer, the prologue (RMSNorm,
+    SwiGLU or nothing: `mode`) and the residual addition (`add`) inside the kernel, x
+    multiplied as `dot`. quant.compiled.weights.CompiledMatrix is the one implementation."""
+
+    shape: tuple[int, int]
+
+    def matvec_into(self, x: np.ndarray, out: np.ndarray, norm: np.ndarray, eps: float,
+                    mode: int, add: bool, dot: str) -> None:  # fmt: skip
+        """out (=, or += when add) W @ prologue(x) for one vector x (cols,)."""
+
+    def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool, dot: str) -> None:
+        """out (=, or += when add) x @ W.T for x (B, cols) -> out (B, rows)."""
 
 
 class Weight(Matrix):

@@ -15,6 +15,7 @@ import numpy as np
 
 from arch import Config
 from llama_np.errors import UsageError
+from quant.backends import Backend, numpy_backend
 from quant.kv import kv_store_class
 
 
@@ -74,15 +75,17 @@ class KVCache:
         capacity: int,
         window: int | None = None,
         fmt: str = "f32",
-        tiled_keys: bool = False,
+        backend: Backend | None = None,
     ) -> None:
-        """`tiled_keys`: keys in tiles of 16 slots, the compiled backend's layout."""
+        """`backend`: the kernel backend whose memory and layout the stores take (its
+        `kv_store`); the NumPy reference's when None."""
         if capacity < 1:
             raise UsageError(f"the context size must be positive, got {capacity}")
         self.window = window
         self.capacity = capacity  # positions a full-attention cache can hold
         slots = window if window is not None else capacity
-        store = kv_store_class(fmt)
+        self.backend = backend or numpy_backend()
+        kv_store_class(fmt).check(config.head_dim)
         shape = (config.n_kv_heads, slots, config.head_dim)
         need = cache_nbytes(config, capacity, window, fmt)
         if need > physical_memory():
@@ -90,9 +93,9 @@ class KVCache:
                 f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
                 "machine's memory; lower -c/--ctx-size or set --window"
             )
-        self.config, self.tiled_keys = config, tiled_keys
-        self.k = [store(*shape, tiled=tiled_keys) for _ in range(config.n_layers)]
-        self.v = [store(*shape) for _ in range(config.n_layers)]
+        self.config = config
+        self.k = [self.backend.kv_store(fmt, shape, True) for _ in range(config.n_layers)]
+        self.v = [self.backend.kv_store(fmt, shape, False) for _ in range(config.n_layers)]
         # per layer, the stores' arrays as a compiled kernel reads and writes them in place
         self._arrays = [
             (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
@@ -201,7 +204,7 @@ class KVCache:
     def copy(self) -> KVCache:
         """A second cache holding the same positions (a prompt prefilled once, continued by
         several sequences): only the slots written so far are copied."""
-        new = KVCache(self.config, self.capacity, self.window, self.fmt, self.tiled_keys)
+        new = KVCache(self.config, self.capacity, self.window, self.fmt, self.backend)
         for src, dst in zip(self.k + self.v, new.k + new.v, strict=True):
             src.copy_to(dst, min(self.pos, self.slots))
         new.pos = self.pos

@@ -19,8 +19,9 @@ from arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
-from quant.compiled import attention, fewblocks, layers, ops
+from quant.compiled import attention, fewblocks, kinds, layers, ops
 from quant.compiled.fewdot import FEW
+from quant.compiled.weights import CompiledMatrix
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
 
@@ -80,7 +81,7 @@ class Blocks:
         self.table = layers.table(operands)
         self.norms = np.stack([np.stack([b.attn_norm, b.mlp_norm]) for b in blocks])
         self.norms = self.norms.astype(np.float32)
-        self.quantized = bool((self.table.rows[:, layers.KIND] >= layers.Q8_0).any())
+        self.quantized = bool((self.table.rows[:, layers.KIND] >= kinds.Q8_0).any())
         bias = [b.qkv_bias for b in blocks]
         self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
                        else np.stack(bias).astype(np.float32))  # fmt: skip
@@ -92,7 +93,7 @@ class Blocks:
         the table can name); if not, decode runs the blocks call by call."""
         parts = [p for b in blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)
                  for p in w.leaves()]  # fmt: skip
-        return all(hasattr(p, "operands") for p in parts) and all(
+        return all(isinstance(p, CompiledMatrix) for p in parts) and all(
             layers.addressable(a) for p in parts for a in p.operands().arrays
         )
 

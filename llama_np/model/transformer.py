@@ -129,9 +129,7 @@ class Transformer:
     ) -> KVCache:
         """A cache for one sequence. `window` overrides the config's sliding window."""
         window = window if window is not None else self.config.sliding_window
-        return KVCache(
-            self.config, capacity or self.config.max_seq_len, window, kv, self.backend.tiled_keys
-        )
+        return KVCache(self.config, capacity or self.config.max_seq_len, window, kv, self.backend)
 
     @property
     def seam(self) -> Seam:

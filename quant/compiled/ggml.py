@@ -25,7 +25,6 @@ from .simd.kquants import (
     Q3_K,
     Q4_K,
     Q5_K,
-    Q6_K,
     kf_block_q2,
     kf_block_q3,
     kf_block_q4,
@@ -34,8 +33,6 @@ from .simd.kquants import (
 )
 from .simd.lanes import zero16
 from .simd.scalar import f16, field, row, stack_f32
-
-CODES = {"q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K}
 
 
 @kernel(inline=True)

@@ -29,12 +29,11 @@ from numba.core.extending import intrinsic, overload
 
 from . import attention, ggml, intdot, matvec
 from .jit import kernel
+from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
 from .matvec import CHUNK
 from .ops import NORM, PLAIN, SWIGLU, rmsnorm, swiglu
 from .team import LINE, finish, grain_of, take
 
-# what a row of the table multiplies, and so which kernel runs it
-F32, F16, BF16, Q8_0, Q4, Q5, KQUANT = range(7)
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
 KIND, ROWS, CODE, NBYTES, WEIGHTS, FIRST = range(6)  # the columns; arrays from FIRST on
 COLUMNS = FIRST + 3 * ARRAYS

@@ -30,7 +30,8 @@ from ..base import BlockFormat, Weight
 from ..blocks import PANEL_WEIGHTS  # also a long prompt's panels here, with float x
 from ..floats import BF16Weight, F16Weight, F32Weight
 from ..ggml import assemble, split
-from . import dequant, fewdot, ggml, igemm, intdot, layers, matmat, matvec
+from . import dequant, fewdot, ggml, igemm, intdot, matmat, matvec
+from .kinds import CODE_OF, KIND_OF
 from .layers import Operands
 from .matvec import GROUP
 from .ops import NO_NORM, ZERO
@@ -81,9 +82,15 @@ class CompiledMatrix:
     add) W @ prologue(x), with the prologue RMSNorm, SwiGLU or nothing (ops.prologue), and
     x multiplied as float32 or, for the quantized formats, rounded to int8 or int16 per
     block of 32 (dot "int8", "int16": intdot.py). `matmat_into(x, out, add, dot)`: the
-    same for several vectors x (B, cols) -> out (B, rows)."""
+    same for several vectors x (B, cols) -> out (B, rows) (quant.base.FusedMatrix). And
+    `operands()`: the matrix as a row of the table that runs a whole decode step in one
+    call (layers.decode_blocks)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
+
+    def operands(self) -> Operands:
+        """Its kind and arrays, as a row of layers.Table names them."""
+        raise NotImplementedError
 
     def matvec(self, x: np.ndarray, dot: str = "f32") -> np.ndarray:
         out = np.empty(self.shape[0], np.float32)
@@ -119,7 +126,7 @@ class CF32Weight(FloatMatrix, F32Weight):
         matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
 
     def operands(self) -> Operands:
-        return Operands(layers.F32, self.shape[0], (self.w,))
+        return Operands(KIND_OF[self.fmt], self.shape[0], (self.w,))
 
 
 class CF16Weight(FloatMatrix, F16Weight):
@@ -129,7 +136,7 @@ class CF16Weight(FloatMatrix, F16Weight):
         matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
 
     def operands(self) -> Operands:
-        return Operands(layers.F16, self.shape[0], (self.bits,))
+        return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         rows = self.bits[r0:r1]
@@ -145,7 +152,7 @@ class CBF16Weight(FloatMatrix, BF16Weight):
         matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
 
     def operands(self) -> Operands:
-        return Operands(layers.BF16, self.shape[0], (self.bits,))
+        return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
 
 
 class GroupedWeight(CompiledMatrix, BlockFormat):
@@ -249,7 +256,7 @@ class CQ8_0Weight(GroupedWeight):
             matvec.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
 
     def operands(self) -> Operands:
-        return Operands(layers.Q8_0, self.shape[0], (self.codes, self.scales))
+        return Operands(KIND_OF[self.fmt], self.shape[0], (self.codes, self.scales))
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
@@ -321,9 +328,8 @@ class NibbleGroups(GroupedWeight):
 
     def operands(self) -> Operands:
         mins, factor = self.mins_factor
-        kind = layers.Q4 if self.bits is None else layers.Q5
-        return Operands(kind, self.shape[0], (self.codes, self.scales, mins, self.fifth_bits),
-                        float(factor))  # fmt: skip
+        arrays = (self.codes, self.scales, mins, self.fifth_bits)
+        return Operands(KIND_OF[self.fmt], self.shape[0], arrays, float(factor))
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         mins, factor = self.mins_factor
@@ -375,7 +381,7 @@ class KGroups(GroupedWeight):
 
     def lay_out(self, blocks: np.ndarray) -> None:
         self.blocks = to_groups(blocks, self.layout.nbytes)
-        self.code = ggml.CODES[self.fmt]
+        self.code = CODE_OF[self.fmt]
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"blocks": self.blocks}
@@ -393,7 +399,7 @@ class KGroups(GroupedWeight):
 
     def operands(self) -> Operands:
         lay = self.layout
-        return Operands(layers.KQUANT, self.shape[0], (self.blocks,), code=self.code,
+        return Operands(KIND_OF[self.fmt], self.shape[0], (self.blocks,), code=self.code,
                         nbytes=lay.nbytes, weights=lay.weights)  # fmt: skip
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:

@@ -15,9 +15,10 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
+from ..kinds import CODE_OF, K_FORMATS
 from .int8 import I8, I32, F32x16, I32x16, concat, dot_u8, element_at, vectors, with_low
 
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(5)  # format codes (compiled.ggml.CODES)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (CODE_OF[f] for f in K_FORMATS)  # the formats' codes
 
 
 def _bytes(builder, base, offset: int, n: int):

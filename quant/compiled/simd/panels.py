@@ -18,6 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from ..kinds import CODE_OF, K_FORMATS
 from . import AVX2, VNNI
 from .int8 import I8, I32, F32x16, I8x64, I32x16, dot_i8, dot_u8_add
 from .kquants import DECODERS
@@ -335,7 +336,9 @@ def _panel_k(fmt: int):
     return panel_k
 
 
-panel_q2_k, panel_q3_k, panel_q4_k, panel_q5_k, panel_q6_k = (_panel_k(f) for f in range(5))
+panel_q2_k, panel_q3_k, panel_q4_k, panel_q5_k, panel_q6_k = (
+    _panel_k(CODE_OF[f]) for f in K_FORMATS
+)
 
 VECTORS = 4  # vectors a tile multiplies by one panel: 4 accumulators, the codes loaded once
 
