@@ -311,6 +311,14 @@ def readme_block(results: dict) -> str:
         lines.append(f"| measured / speed of light, compiled kernels, {len(ratios)} rows | "
                      f"median {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
                      f"{max(ratios):.2f}) | one sequence |")  # fmt: skip
+    if "batching" in results:
+        rows = rows_of(results["batching"]["data"])
+        ratios = [r.measured_over_sol for r in rows]
+        widest = [r for r in rows if r.batch == max(x.batch for x in rows) and r.depth == 0]
+        mfus = ", ".join(f"{r.model} {r.weights} {report.mfu(r)}" for r in widest)
+        lines.append(f"| batch sweep, {len(rows)} rows: measured / speed of light; MFU % at B = "
+                     f"{widest[0].batch} | median {statistics.median(ratios):.2f} "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}); {mfus} | batches |")  # fmt: skip
     if "published" in results:
         held = list(published.held())
         s = calibrate.spread(calibrate.leave_one_source_out(published.points(held)))
@@ -318,8 +326,24 @@ def readme_block(results: dict) -> str:
         lines.append(f"| published: fraction of the bound reached, {len(held)} rows | median "
                      f"{reached:.2f}; calibrated, the error on held-out sources: median "
                      f"{100 * s['median']:.0f}%, p90 {100 * s['p90']:.0f}% | published |")  # fmt: skip
-    where = {s["stamp"]["cpu"] for s in results.values()}
-    return "\n".join(lines) + f"\n\nMeasured on {', '.join(sorted(where))}."
+    return "\n".join(lines) + "\n\n" + measured_on(results)
+
+
+def measured_on(results: dict) -> str:
+    """The CPU of the table's figures, and, when its sections were measured on several,
+    which sections on which (the `--only` that measures them again)."""
+    shown = [n for n in ("peers", "peers-batch", "serve", "validation", "batching")
+             if n in results]  # fmt: skip
+    by_cpu: dict[str, list[str]] = {}
+    for name in shown:
+        by_cpu.setdefault(results[name]["stamp"]["cpu"], []).append(name)
+    if len(by_cpu) == 1:
+        return f"Measured on {next(iter(by_cpu))}."
+    return (
+        "Measured on "
+        + "; ".join(f"{cpu} (`--only {','.join(names)}`)" for cpu, names in by_cpu.items())
+        + "."
+    )
 
 
 def as_stored(d: dict) -> tuple[str, str] | None:
