@@ -1,5 +1,5 @@
 """Compiled float-activation kernels for GGML's K-quant formats (quant.ggml), on their
-stored bytes (q5_0 and q5_1 have fused kernels of their own: matvec.matvec_q5).
+stored bytes (q5_0 and q5_1 have fused kernels of their own: matvec.rows_q5).
 
 Layout: the GGUF blocks themselves, in groups of 4 rows interleaved block by block, as
 the other block formats (matvec.py). The decode kernel (`rows_ggml`) decodes each
@@ -15,11 +15,10 @@ format once per block.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, prange
+from numba import carray
 
 from .jit import kernel
-from .matvec import GROUP, PER, lane_sum, put, spread
-from .ops import prologue
+from .matvec import GROUP, PER, lane_sum, put
 from .simd.kquants import (
     Q2_K,
     Q3_K,
@@ -185,14 +184,6 @@ def rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out):
             put(out, GROUP * g + i, lane_sum(acc, 16 * i) + lane_sum(mins, 16 * i), add)
 
 
-@kernel(parallel=True)
-def matvec_ggml(blocks, fmt, nbytes, weights, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_ggml(blocks, fmt, nbytes, weights, x, i * g, min(n, i * g + g), add, out)
-
-
 @kernel
 def dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, out):
     """Groups g0:g1 -> out (GROUP * (g1 - g0), cols) float32, as gguf.quants decodes."""
@@ -203,3 +194,10 @@ def dequant_ggml(blocks, fmt, nbytes, weights, g0, g1, out):
                 o = (GROUP * blk + i) * nbytes
                 row = out[GROUP * (g - g0) + i, blk * weights : (blk + 1) * weights]
                 decode(fmt, blocks[g, o : o + nbytes], row)
+
+
+@kernel
+def vec_ggml(w, x, c0, c1, add, out):
+    """matvec.matvec's entry for the K-quants with x in float32 (matvec.as_float)."""
+    blocks, fmt, nbytes, weights = w
+    rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out)

@@ -28,13 +28,12 @@ measured bound."""
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, prange
+from numba import carray
 
 from ..ggml import BLOCK
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
-from .matvec import GROUP, PER, lane_sum, put, spread
-from .ops import prologue
+from .matvec import GROUP, PER, lane_sum, put
 from .simd.int8 import q4_dot, q5_dot, q8_block
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 from .simd.lanes import fma16_f16v, mul16_f16v, zero16
@@ -109,17 +108,6 @@ def rows_q8_0(codes, scales, xq, xd, xsum, lo, c0, c1, add, out):
         row_sums(acc, none, g, rows, add, out)
 
 
-@kernel(parallel=True)
-def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out, wide):
-    """matvec.matvec_q8_0's arguments and layout, with x rounded to int8 (int16 when
-    wide)."""
-    x = prologue(x, norm, eps, mode)
-    xq, xd, xsum, lo = quantized(x, wide)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_q8_0(codes, scales, xq, xd, xsum, lo, i * g, min(n, i * g + g), add, out)
-
-
 @kernel(inline=True)
 def per_row(xd, xsum, xd4, xs4):
     """x's scale d and d sum(xq) of each block, repeated for the 4 rows of a group:
@@ -182,18 +170,6 @@ def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, ou
         row_sums(acc, corr, g, rows, add, out)
 
 
-@kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out, wide):
-    """matvec.matvec_q4's arguments (and matvec_q5's `bits`), with x rounded to int8
-    (int16 when wide)."""
-    x = prologue(x, norm, eps, mode)
-    xq, xd, xsum, lo = quantized(x, wide)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        c0, c1 = i * g, min(n, i * g + g)
-        rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, out)
-
-
 # --- K-quants: simd/kquants.py decodes a super-block of a row into integer codes, scales and
 # mins in vector registers; x is rounded per block of 32 as for every other format.
 
@@ -254,12 +230,38 @@ def quantized16(x, wide):
     return xq, xd16, xb16, lo
 
 
-@kernel(parallel=True)
-def matvec_k(blocks, fmt, nbytes, x, norm, eps, mode, add, out, wide):
-    """ggml.matvec_ggml's arguments and layout for the K-quants, with x rounded to int8
-    (int16 when wide)."""
-    x = prologue(x, norm, eps, mode)
-    xq, xd16, xb16, lo = quantized16(x, wide)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, i * g, min(n, i * g + g), add, out)
+# --- each format's entry to matvec.matvec, the one decode driver: x rounded, and its rows
+
+
+@kernel
+def as_ints(x, wide):
+    """x rounded per block of 32 to int8 (int16 when wide): xq, xd, xsum, lo."""
+    return quantized(x, wide)
+
+
+@kernel
+def as_ints16(x, wide):
+    """as_ints, with the K-quants' per-16 operands: xq, xd16, xb16, lo (per16)."""
+    return quantized16(x, wide)
+
+
+@kernel
+def vec_q8_0(w, xs, c0, c1, add, out):
+    codes, scales = w
+    xq, xd, xsum, lo = xs
+    rows_q8_0(codes, scales, xq, xd, xsum, lo, c0, c1, add, out)
+
+
+@kernel
+def vec_q4(w, xs, c0, c1, add, out):
+    """q4_0, q4_1, q5_0, q5_1: w codes, scales, mins, factor, fifth bits (rows_q4)."""
+    codes, scales, mins, factor, bits = w
+    xq, xd, xsum, lo = xs
+    rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, out)
+
+
+@kernel
+def vec_k(w, xs, c0, c1, add, out):
+    blocks, fmt, nbytes = w
+    xq, xd16, xb16, lo = xs
+    rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, c0, c1, add, out)

@@ -106,7 +106,7 @@ def piece_groups(c, groups):
 
 @kernel(parallel=True)
 def matmat_q8_0(codes, scales, x, out, scratch):
-    """codes, scales: a grouped q8_0 matrix (matvec.matvec_q8_0); x (B, cols); out (B, rows)"""
+    """codes, scales: a grouped q8_0 matrix (matvec.rows_q8_0); x (B, cols); out (B, rows)"""
     groups, rows = scales.shape[0], out.shape[1]
     for c in prange(pieces(groups)):
         g0, g1 = piece_groups(c, groups)

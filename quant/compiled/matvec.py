@@ -18,10 +18,13 @@ Every kernel takes `norm, eps, mode` (what to apply to x first: ops.prologue) an
 (whether to add y into `out` instead of storing it), so that a decode step fuses RMSNorm,
 SwiGLU and the residual additions into its matrix products.
 
-Each kernel is two functions: `rows_<format>`, the loop over a range of chunks (CHUNK rows
-each) on x as prepared for the format, and `matvec_<format>`, which prepares x once and
-runs the chunks in a parallel loop. A decode step in one parallel region (layers.py) runs
-the same `rows_` functions on the chunks its threads take, so both give the same bits.
+Each format's kernel is two functions: `rows_<format>`, the loop over a range of chunks
+(CHUNK rows each) on x as prepared for the format, and how x is prepared (`as_float`,
+`as_nibbles`, `as_five`; intdot.py's `as_ints`, `as_ints16` round it to integers). One
+driver, `matvec`, takes both as arguments: it prepares x once and runs the chunks in a
+parallel loop through the format's `vec_` function (its operands as one tuple). A decode
+step in one parallel region (layers.py) runs the same `rows_` functions on the chunks its
+threads take, so both give the same bits.
 """
 
 from __future__ import annotations
@@ -101,40 +104,16 @@ def rows_f32(w, x, c0, c1, add, out):
     rows_float(w, x, c0, c1, add, out, f32)
 
 
-@kernel(parallel=True)
-def matvec_f32(w, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_f32(w, x, i * g, min(n, i * g + g), add, out)
-
-
 @kernel
 def rows_f16(bits, x, c0, c1, add, out):
     """bits (rows, cols) uint16 float16 patterns; x (cols,); out (rows,); chunks c0:c1."""
     rows_float(bits, x, c0, c1, add, out, f16)
 
 
-@kernel(parallel=True)
-def matvec_f16(bits, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_f16(bits, x, i * g, min(n, i * g + g), add, out)
-
-
 @kernel
 def rows_bf16(bits, x, c0, c1, add, out):
     """bits (rows, cols) uint16 bfloat16 patterns; x (cols,); out (rows,); chunks c0:c1."""
     rows_float(bits, x, c0, c1, add, out, bf16)
-
-
-@kernel(parallel=True)
-def matvec_bf16(bits, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_bf16(bits, x, i * g, min(n, i * g + g), add, out)
 
 
 @kernel
@@ -162,14 +141,6 @@ def rows_q8_0(codes, scales, x, c0, c1, add, out):
                 acc[48 + j] += d[3] * (i8(q[o + 96 + j]) * lo + i8(q[o + 112 + j]) * hi)
         for i in range(min(GROUP, rows - GROUP * g)):
             put(out, GROUP * g + i, lane_sum(acc, 16 * i), add)
-
-
-@kernel(parallel=True)
-def matvec_q8_0(codes, scales, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_q8_0(codes, scales, x, i * g, min(n, i * g + g), add, out)
 
 
 @kernel
@@ -241,15 +212,6 @@ def rows_q4(codes, scales, mins, factor, xa, xb, xs, c0, c1, add, out):
             put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
 
 
-@kernel(parallel=True)
-def matvec_q4(codes, scales, mins, factor, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
-    xa, xb, xs = nibbles(x)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        rows_q4(codes, scales, mins, factor, xa, xb, xs, i * g, min(n, i * g + g), add, out)
-
-
 @kernel
 def rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out):
     """q5_0 / q5_1: rows_q4's layout and loop, plus `bits` (G, nb * 4) uint32, the fifth
@@ -308,13 +270,73 @@ def rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out
             put(out, GROUP * g + i, lane_sum(acc, 16 * i) + factor * corr[i], add)
 
 
+# --- the one driver, and each format's entry to it: its x preparation and its rows -------
+
+
 @kernel(parallel=True)
-def matvec_q5(codes, scales, mins, factor, bits, x, norm, eps, mode, add, out):
-    x = prologue(x, norm, eps, mode)
+def matvec(prepare, rows, w, x, norm, eps, mode, add, out, wide):
+    """out (=, or += when add) W @ prologue(x) for one vector x: `prepare(x, wide)` makes
+    what the format's row function reads of x (x itself, or x rounded to integers: int16
+    when wide), then `rows(w, xs, c0, c1, add, out)` runs chunks c0:c1 of W's rows, w its
+    operands, the chunks spread over the threads (`spread`)."""
+    xs = prepare(prologue(x, norm, eps, mode), wide)
+    m, g, n = spread(out.shape[0])
+    for i in prange(m):
+        rows(w, xs, i * g, min(n, i * g + g), add, out)
+
+
+@kernel
+def as_float(x, wide):
+    """x as the float formats' and q8_0's float rows read it: itself."""
+    return x
+
+
+@kernel
+def as_nibbles(x, wide):
+    """x as rows_q4 reads it (nibble_operands)."""
+    return nibbles(x)
+
+
+@kernel
+def as_five(x, wide):
+    """x as rows_q5 reads it: nibble_operands, and x times 16 (five_operands)."""
     xa, xb, xs = nibbles(x)
     x16 = np.empty_like(x)
     five_operands(x, x16)
-    m, g, n = spread(out.shape[0])
-    for i in prange(m):
-        c0, c1 = i * g, min(n, i * g + g)
-        rows_q5(codes, scales, mins, factor, bits, xa, xb, xs, x16, c0, c1, add, out)
+    return xa, xb, xs, x16
+
+
+@kernel
+def vec_f32(w, x, c0, c1, add, out):
+    rows_f32(w[0], x, c0, c1, add, out)
+
+
+@kernel
+def vec_f16(w, x, c0, c1, add, out):
+    rows_f16(w[0], x, c0, c1, add, out)
+
+
+@kernel
+def vec_bf16(w, x, c0, c1, add, out):
+    rows_bf16(w[0], x, c0, c1, add, out)
+
+
+@kernel
+def vec_q8_0(w, x, c0, c1, add, out):
+    codes, scales = w
+    rows_q8_0(codes, scales, x, c0, c1, add, out)
+
+
+@kernel
+def vec_q4(w, xs, c0, c1, add, out):
+    """w: codes, scales, mins, factor (and a q5's fifth bits, unread here)."""
+    codes, scales, mins, factor, _ = w
+    xa, xb, sums = xs
+    rows_q4(codes, scales, mins, factor, xa, xb, sums, c0, c1, add, out)
+
+
+@kernel
+def vec_q5(w, xs, c0, c1, add, out):
+    codes, scales, mins, factor, bits = w
+    xa, xb, sums, x16 = xs
+    rows_q5(codes, scales, mins, factor, bits, xa, xb, sums, x16, c0, c1, add, out)

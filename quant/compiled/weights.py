@@ -87,6 +87,25 @@ class CompiledMatrix:
     call (layers.decode_blocks)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
+    # Its kernels of one vector (matvec.matvec's `prepare` and `rows`): with x in float32,
+    # and, for the quantized formats, with x rounded to integers (None: x stays float32).
+    vec: ClassVar[tuple]
+    ivec: ClassVar[tuple | None] = None
+
+    def row_operands(self) -> tuple:
+        """Its arrays (and constants) as its row functions take them, the `w` of its vec_
+        and few_ functions."""
+        raise NotImplementedError
+
+    def vec_operands(self, ints: bool) -> tuple:
+        """What its `vec` (ints: `ivec`) rows take as w."""
+        return self.row_operands()
+
+    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
+        ints = dot in INTEGER and self.ivec is not None
+        prepare, rows = self.ivec if ints else self.vec
+        matvec.matvec(prepare, rows, self.vec_operands(ints), x, norm, eps, mode, add, out,
+                      dot == "int16")  # fmt: skip
 
     def operands(self) -> Operands:
         """Its kind and arrays, as a row of layers.Table names them."""
@@ -112,7 +131,7 @@ class FloatMatrix(CompiledMatrix):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
                     dot: str = "f32") -> None:  # fmt: skip
-        w = self.w if isinstance(self, F32Weight) else self.bits
+        (w,) = self.row_operands()
         if x.shape[0] <= FEW:
             fewdot.matmat_few(self.few, (w,), x, tuple(range(x.shape[0])), add, out)
         else:
@@ -121,9 +140,10 @@ class FloatMatrix(CompiledMatrix):
 
 class CF32Weight(FloatMatrix, F32Weight):
     few, panels = fewdot.few_f32, igemm.panels_f32
+    vec = matvec.as_float, matvec.vec_f32
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        matvec.matvec_f32(self.w, x, norm, eps, mode, add, out)
+    def row_operands(self) -> tuple:
+        return (self.w,)
 
     def operands(self) -> Operands:
         return Operands(KIND_OF[self.fmt], self.shape[0], (self.w,))
@@ -131,9 +151,10 @@ class CF32Weight(FloatMatrix, F32Weight):
 
 class CF16Weight(FloatMatrix, F16Weight):
     few, panels = fewdot.few_f16, igemm.panels_f16
+    vec = matvec.as_float, matvec.vec_f16
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        matvec.matvec_f16(self.bits, x, norm, eps, mode, add, out)
+    def row_operands(self) -> tuple:
+        return (self.bits,)
 
     def operands(self) -> Operands:
         return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
@@ -147,9 +168,10 @@ class CF16Weight(FloatMatrix, F16Weight):
 
 class CBF16Weight(FloatMatrix, BF16Weight):
     few, panels = fewdot.few_bf16, igemm.panels_bf16
+    vec = matvec.as_float, matvec.vec_bf16
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        matvec.matvec_bf16(self.bits, x, norm, eps, mode, add, out)
+    def row_operands(self) -> tuple:
+        return (self.bits,)
 
     def operands(self) -> Operands:
         return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
@@ -181,10 +203,6 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
     panels: object  # igemm's panels_ function of the format
     signed = 0  # 1: its panels hold int8 codes, not bytes (q8_0 where SIGNED_Q8)
     paired = 1  # 1: one scale (and min) per 32 weights, two sub-blocks of its panels (tile)
-
-    def row_operands(self) -> tuple:
-        """What the format's few_ function takes as w."""
-        raise NotImplementedError
 
     def panel_operands(self) -> tuple:
         """What igemm.matmat_int passes to the format's panels_ function: (a0, a1, a2,
@@ -248,13 +266,6 @@ class CQ8_0Weight(GroupedWeight):
         return assemble([from_groups(self.scales, rows, 1).view(np.float16)],
                         from_groups(self.codes, rows, 32))  # fmt: skip
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        if dot in INTEGER:
-            intdot.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out,
-                               dot == "int16")  # fmt: skip
-        else:
-            matvec.matvec_q8_0(self.codes, self.scales, x, norm, eps, mode, add, out)
-
     def operands(self) -> Operands:
         return Operands(KIND_OF[self.fmt], self.shape[0], (self.codes, self.scales))
 
@@ -262,6 +273,7 @@ class CQ8_0Weight(GroupedWeight):
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
     few, panels, signed = fewdot.few_q8_0, igemm.panels_q8_0, int(SIGNED_Q8)
+    vec, ivec = (matvec.as_float, matvec.vec_q8_0), (intdot.as_ints, intdot.vec_q8_0)
 
     def row_operands(self) -> tuple:
         return self.codes, self.scales
@@ -315,17 +327,6 @@ class NibbleGroups(GroupedWeight):
         """The kernels' `bits`: the q5 words, or none per group for q4 (made once)."""
         return np.empty((self.codes.shape[0], 0), np.uint32) if self.bits is None else self.bits
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        mins, factor = self.mins_factor
-        if dot in INTEGER:
-            intdot.matvec_q4(self.codes, self.scales, mins, factor, self.fifth_bits, x, norm,
-                             eps, mode, add, out, dot == "int16")  # fmt: skip
-        elif self.bits is None:
-            matvec.matvec_q4(self.codes, self.scales, mins, factor, x, norm, eps, mode, add, out)
-        else:
-            matvec.matvec_q5(self.codes, self.scales, mins, factor, self.bits, x, norm, eps,
-                             mode, add, out)  # fmt: skip
-
     def operands(self) -> Operands:
         mins, factor = self.mins_factor
         arrays = (self.codes, self.scales, mins, self.fifth_bits)
@@ -339,6 +340,7 @@ class NibbleGroups(GroupedWeight):
             dequant.dequant_q5(self.codes, self.scales, mins, factor, self.bits, g0, g1, out)
 
     few, panels = fewdot.few_q4, igemm.panels_nibbles
+    vec, ivec = (matvec.as_nibbles, matvec.vec_q4), (intdot.as_ints, intdot.vec_q4)
 
     def row_operands(self) -> tuple:
         mins, factor = self.mins_factor
@@ -369,15 +371,17 @@ class CQ4_1Weight(NibbleGroups):
 class CQ5_0Weight(NibbleGroups):
     fmt = "q5_0"
     offset = np.float32(-16)
+    vec = matvec.as_five, matvec.vec_q5
 
 
 class CQ5_1Weight(NibbleGroups):
     fmt = "q5_1"
+    vec = matvec.as_five, matvec.vec_q5
 
 
 class KGroups(GroupedWeight):
     """The K-quants: their GGUF super-blocks as stored, in groups of 4 rows interleaved
-    block by block; the kernels decode them in registers (ggml.py, intdot.matvec_k)."""
+    block by block; the kernels decode them in registers (ggml.py, intdot.rows_k)."""
 
     def lay_out(self, blocks: np.ndarray) -> None:
         self.blocks = to_groups(blocks, self.layout.nbytes)
@@ -389,14 +393,6 @@ class KGroups(GroupedWeight):
     def to_blocks(self) -> np.ndarray:
         return from_groups(self.blocks, self.shape[0], self.layout.nbytes)
 
-    def matvec_into(self, x, out, norm=NO_NORM, eps=ZERO, mode=0, add=False, dot="f32") -> None:
-        n, w = self.layout.nbytes, self.layout.weights
-        if dot in INTEGER:
-            intdot.matvec_k(self.blocks, self.code, n, x, norm, eps, mode, add, out,
-                            dot == "int16")  # fmt: skip
-        else:
-            ggml.matvec_ggml(self.blocks, self.code, n, w, x, norm, eps, mode, add, out)
-
     def operands(self) -> Operands:
         lay = self.layout
         return Operands(KIND_OF[self.fmt], self.shape[0], (self.blocks,), code=self.code,
@@ -407,9 +403,13 @@ class KGroups(GroupedWeight):
         ggml.dequant_ggml(self.blocks, self.code, lay.nbytes, lay.weights, g0, g1, out)
 
     few, panels = fewdot.few_k, igemm.panels_k
+    vec, ivec = (matvec.as_float, ggml.vec_ggml), (intdot.as_ints16, intdot.vec_k)
 
     def row_operands(self) -> tuple:
         return self.blocks, self.code, self.layout.nbytes
+
+    def vec_operands(self, ints: bool) -> tuple:
+        return self.row_operands() + (() if ints else (self.layout.weights,))
 
     def panel_operands(self) -> tuple:
         return self.blocks, NO_SCALES, NO_SCALES, ONE, NO_BITS, self.code, self.layout.nbytes

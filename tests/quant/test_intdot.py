@@ -188,7 +188,7 @@ PATH_SCRIPT = textwrap.dedent(
     import sys
     import numba
     import numpy as np
-    from quant.compiled import intdot, simd
+    from quant.compiled import matvec, simd
     from quant.compiled.weights import FORMATS
     from tests.quant import test_intdot as t
 
@@ -200,19 +200,14 @@ PATH_SCRIPT = textwrap.dedent(
             for fmt in t.FMTS:
                 for shape in t.SHAPES:
                     t.test_integer_kernel_equals_the_reference_exactly(fmt, shape, dot)
-    w = FORMATS["q4_1"].from_float(np.ones((4, 256), np.float32))
     x, out = np.ones(256, np.float32), np.empty(4, np.float32)
-    mins, factor = w.mins_factor
-    bits = np.empty((1, 0), np.uint32)
-    args = (w.codes, w.scales, mins, factor, bits, x, x, np.float32(0), 0, False, out, True)
-    sig = tuple(numba.typeof(a) for a in args)
-    intdot.matvec_q4.compile(sig)
-    print(intdot.matvec_q4.inspect_asm(sig))
-    w = t.random_weight(FORMATS["q4_k"], (4, 256), np.random.default_rng(0))
-    args = (w.blocks, w.code, 144, x, x, np.float32(0), 0, False, out, True)
-    sig = tuple(numba.typeof(a) for a in args)
-    intdot.matvec_k.compile(sig)
-    print(intdot.matvec_k.inspect_asm(sig))
+    for fmt in ("q4_1", "q4_k"):
+        w = t.random_weight(FORMATS[fmt], (4, 256), np.random.default_rng(0))
+        prepare, rows = w.ivec
+        args = (prepare, rows, w.vec_operands(True), x, x, np.float32(0), 0, False, out, True)
+        sig = tuple(numba.typeof(a) for a in args)
+        matvec.matvec.compile(sig)
+        print(matvec.matvec.inspect_asm(sig))
     """
 )
 PATHS = {  # instruction: environment, whether this test machine can run it

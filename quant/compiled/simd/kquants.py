@@ -1,5 +1,5 @@
 """The K-quants' integer SIMD: one super-block of 256 weights of a row, as stored in GGUF,
-multiplied by x rounded to int8 (intdot.matvec_k), all in vector registers.
+multiplied by x rounded to int8 (intdot.rows_k), all in vector registers.
 
 Each K-quant is decoded here into the same integer form (intdot.py's table): 4 vectors of
 64 unsigned codes c (elements 64 v .. 64 v + 63), 16 integer sub-block scales a_s and
