@@ -42,6 +42,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # listening from here: a client that connects as soon as "serving" is printed
+        # waits in the backlog until uvicorn accepts, instead of being refused
+        sock.listen(2048)
     except OSError as e:
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
