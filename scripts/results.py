@@ -337,8 +337,8 @@ def measured_on(results: dict) -> str:
     by_cpu: dict[str, list[str]] = {}
     for name in shown:
         by_cpu.setdefault(results[name]["stamp"]["cpu"], []).append(name)
-    if len(by_cpu) == 1:
-        return f"Measured on {next(iter(by_cpu))}."
+    if len(by_cpu) <= 1:
+        return "".join(f"Measured on {cpu}." for cpu in by_cpu)
     return (
         "Measured on "
         + "; ".join(f"{cpu} (`--only {','.join(names)}`)" for cpu, names in by_cpu.items())
