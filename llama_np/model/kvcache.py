@@ -85,7 +85,6 @@ class KVCache:
         self.capacity = capacity  # positions a full-attention cache can hold
         slots = window if window is not None else capacity
         self.backend = backend or numpy_backend()
-        kv_store_class(fmt).check(config.head_dim)
         shape = (config.n_kv_heads, slots, config.head_dim)
         need = cache_nbytes(config, capacity, window, fmt)
         if need > physical_memory():

@@ -108,8 +108,9 @@ class CompiledMatrix:
                       dot == "int16")  # fmt: skip
 
     def operands(self) -> Operands:
-        """Its kind and arrays, as a row of layers.Table names them."""
-        raise NotImplementedError
+        """Its kind and arrays, as a row of layers.Table names them: its row operands,
+        where those are arrays only (the nibble formats and K-quants say more)."""
+        return Operands(KIND_OF[self.fmt], self.shape[0], self.row_operands())
 
     def matvec(self, x: np.ndarray, dot: str = "f32") -> np.ndarray:
         out = np.empty(self.shape[0], np.float32)
@@ -131,11 +132,11 @@ class FloatMatrix(CompiledMatrix):
 
     def matmat_into(self, x: np.ndarray, out: np.ndarray, add: bool = False,
                     dot: str = "f32") -> None:  # fmt: skip
-        (w,) = self.row_operands()
+        w = self.row_operands()
         if x.shape[0] <= FEW:
-            fewdot.matmat_few(self.few, (w,), x, tuple(range(x.shape[0])), add, out)
+            fewdot.matmat_few(self.few, w, x, tuple(range(x.shape[0])), add, out)
         else:
-            igemm.matmat_float(self.panels, w, x, add, out, igemm.float_scratch(self.shape[1]))
+            igemm.matmat_float(self.panels, w[0], x, add, out, igemm.float_scratch(self.shape[1]))
 
 
 class CF32Weight(FloatMatrix, F32Weight):
@@ -145,9 +146,6 @@ class CF32Weight(FloatMatrix, F32Weight):
     def row_operands(self) -> tuple:
         return (self.w,)
 
-    def operands(self) -> Operands:
-        return Operands(KIND_OF[self.fmt], self.shape[0], (self.w,))
-
 
 class CF16Weight(FloatMatrix, F16Weight):
     few, panels = fewdot.few_f16, igemm.panels_f16
@@ -155,9 +153,6 @@ class CF16Weight(FloatMatrix, F16Weight):
 
     def row_operands(self) -> tuple:
         return (self.bits,)
-
-    def operands(self) -> Operands:
-        return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         rows = self.bits[r0:r1]
@@ -172,9 +167,6 @@ class CBF16Weight(FloatMatrix, BF16Weight):
 
     def row_operands(self) -> tuple:
         return (self.bits,)
-
-    def operands(self) -> Operands:
-        return Operands(KIND_OF[self.fmt], self.shape[0], (self.bits,))
 
 
 class GroupedWeight(CompiledMatrix, BlockFormat):
@@ -265,9 +257,6 @@ class CQ8_0Weight(GroupedWeight):
         rows = self.shape[0]
         return assemble([from_groups(self.scales, rows, 1).view(np.float16)],
                         from_groups(self.codes, rows, 32))  # fmt: skip
-
-    def operands(self) -> Operands:
-        return Operands(KIND_OF[self.fmt], self.shape[0], (self.codes, self.scales))
 
     def dequantize_groups(self, g0: int, g1: int, out: np.ndarray) -> None:
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
