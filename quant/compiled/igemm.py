@@ -20,13 +20,13 @@ from numba import get_thread_id, prange
 
 from .intdot import per16, quantize_x
 from .jit import kernel
+from .simd.broadcast import TILE_LANES, TILE_ROWS, bcast_tile1, bcast_tile2
 from .simd.panels import (
     FLOAT_VECTORS,
     VECTORS,
     float_tile,
     panel_bf16,
     panel_f16,
-    panel_f32,
     panel_nibbles,
     panel_q2_k,
     panel_q3_k,
@@ -134,13 +134,8 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
                  min(ROWS, rows - ROWS * p), add)  # fmt: skip
 
 
-# --- float weights (f32, f16, bf16): the same shape, in float32 (simd/panels.float_tile)
-
-
-@kernel
-def panels_f32(w, r0, nrows, dst):
-    for k in range(0, w.shape[1], 16):
-        panel_f32(w, r0, nrows, k, dst)
+# --- float weights (f16, bf16): the same shape, in float32 (simd/panels.float_tile); f32
+# takes its weights as broadcast operands, no panel (matmat_f32, below)
 
 
 @kernel
@@ -181,3 +176,39 @@ def matmat_float(decode, w, x, add, out, panels):
                 xrows[v] = min(v0 + v, nvec - 1)
                 orows[v] = v0 + v if v0 + v < nvec else -1
             float_tile(dst, cols, x, xrows, out, orows, r0, n, add)
+
+
+@kernel(parallel=True)
+def transpose_groups(x, xt):
+    """xt[g, k, l] = x[16 g + l, k], zeros past x's last row: x (B, cols) as the float
+    tiles read it (xt: (groups, cols, 16))."""
+    b, cols = x.shape
+    for g in prange(xt.shape[0]):
+        for k in range(cols):
+            for l in range(TILE_LANES):
+                v = TILE_LANES * g + l
+                xt[g, k, l] = x[v, k] if v < b else np.float32(0)
+
+
+@kernel(parallel=True)
+def matmat_bcast(w, xt, nvec, add, out):
+    """out (B, rows) (=, or += when add) X @ W.T for row-major float32 weights, X as
+    transpose_groups lays it out: tiles of TILE_ROWS rows x 32 vectors (x 16 for an odd
+    last group; simd/broadcast.py), a tile's rows read from memory once for all groups."""
+    rows, groups = w.shape[0], xt.shape[0]
+    for p in prange(-(-rows // TILE_ROWS)):
+        r0 = TILE_ROWS * p
+        n = min(TILE_ROWS, rows - r0)
+        for g in range(0, groups - 1, 2):
+            bcast_tile2(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
+        if groups % 2:
+            g = groups - 1
+            bcast_tile1(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
+
+
+def matmat_f32(w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
+    """out (B, rows) (=, or += when add) x (B, cols) @ w.T for row-major float32 weights:
+    x transposed (transpose_groups), then matmat_bcast."""
+    xt = np.empty((-(-x.shape[0] // TILE_LANES), x.shape[1], TILE_LANES), np.float32)
+    transpose_groups(x, xt)
+    matmat_bcast(w, xt, x.shape[0], add, out)

@@ -16,7 +16,8 @@ prompt) runs `matmat_into`: up to FEW vectors decode's loop, each block of 4 row
 and decoded once and multiplied by every vector (fewdot.py for the quantized formats, x
 rounded as decode rounds it; float32 x for the float ones); more, panels of 16
 rows decoded once and multiplied by the vectors in integers (igemm.matmat_int) or, for
-the float formats, in float32 (igemm.matmat_float).
+f16 and bf16, in float32 (igemm.matmat_float); f32 needs no panel: its weights are
+broadcast operands of 16 or 32 vectors at a time (igemm.matmat_f32).
 """
 
 from __future__ import annotations
@@ -136,15 +137,24 @@ class FloatMatrix(CompiledMatrix):
         if x.shape[0] <= FEW:
             fewdot.matmat_few(self.few, w, x, tuple(range(x.shape[0])), add, out)
         else:
-            igemm.matmat_float(self.panels, w[0], x, add, out, igemm.float_scratch(self.shape[1]))
+            self.many(w[0], x, add, out)
+
+    def many(self, w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
+        """More than FEW vectors: panels of 16 rows widened to float32 (igemm.matmat_float)."""
+        igemm.matmat_float(self.panels, w, x, add, out, igemm.float_scratch(self.shape[1]))
 
 
 class CF32Weight(FloatMatrix, F32Weight):
-    few, panels = fewdot.few_f32, igemm.panels_f32
+    few = fewdot.few_f32
     vec = matvec.as_float, matvec.vec_f32
 
     def row_operands(self) -> tuple:
         return (self.w,)
+
+    def many(self, w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
+        """More than FEW vectors: each weight a broadcast operand of 16 or 32 vectors, no
+        panel (igemm.matmat_f32)."""
+        igemm.matmat_f32(w, x, add, out)
 
 
 class CF16Weight(FloatMatrix, F16Weight):

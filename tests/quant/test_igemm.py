@@ -1,7 +1,8 @@
 """Products of several vectors on the compiled backend (CompiledMatrix.matmat_into): up to
 FEW vectors decode's loop with each block decoded once for them all (quant.compiled.fewdot;
 the float formats: 4 rows' weights loaded once for them all), more the panels of
-quant.compiled.igemm (integer codes times x's integers, or float32 for the float formats).
+quant.compiled.igemm (integer codes times x's integers, or float32 for f16 and bf16) or,
+for f32, its tiles of 8 rows x 16 or 32 vectors (groups of 16 full, partial, odd).
 Against the NumPy references (quant.intdot for x rounded to integers, the dequantized
 matrix for float x), on odd shapes: rows around the panels of 16 and the tiles of 4 and 8
 vectors, 1 to 10 blocks, columns that are not multiples of 16 for the float formats."""
@@ -68,7 +69,7 @@ def test_random_batches_within_float_rounding_of_the_reference(fmt, b, dot):
     assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max() * np.sqrt(w.shape[1])
 
 
-@pytest.mark.parametrize("b", [1, 2, FEW, 5, 8, 9, 17])
+@pytest.mark.parametrize("b", [1, 2, FEW, 5, 8, 9, 17, 33, 48])
 @pytest.mark.parametrize("cols", [7, 16, 40, 100])
 @pytest.mark.parametrize("rows", [1, 15, 17, 50])
 @pytest.mark.parametrize("fmt", FLOATS)

@@ -579,7 +579,7 @@ def _panel_float(kind: str):
     return panel
 
 
-panel_f32, panel_f16, panel_bf16 = (_panel_float(k) for k in ("f32", "f16", "bf16"))
+panel_f16, panel_bf16 = _panel_float("f16"), _panel_float("bf16")
 
 
 @intrinsic
