@@ -187,6 +187,37 @@ def best_agreeing(rate: Callable[[], float], tolerance: float = 0.1, most: int =
     return max(runs), runs
 
 
+def probe_matrix(size: int, rng: np.random.Generator) -> np.ndarray:
+    """The matrix the probe reads at a working set of `size` bytes: 1024 float32 columns."""
+    return rng.random((size // 4 // 1024, 1024), dtype=np.float32)
+
+
+def reprobe(probe: Probe, working_sets: list[int], threads: int) -> Probe:
+    """The probe with its curve measured again now at the sizes around these working sets
+    (the two the curve interpolates between, or its last beyond it): sgemv and the
+    compiled f32 matvec as run_probe times them, each size keeping the better of then and
+    now. A VM's bandwidth moves with its neighbours' load (by half within minutes on the
+    Zen 5 of 2026-11-25), and a curve taken at a slow moment leaves rows measured later
+    faster than their own speed of light; measured beside them, it bounds them."""
+    near = set()
+    for ws in working_sets:
+        i = bisect.bisect_right(probe.sizes, ws)
+        near |= {min(max(j, 0), len(probe.sizes) - 1) for j in (i - 1, i)}
+    fresh = Probe(**{**asdict(probe), "caches": probe.caches})
+    rng = np.random.default_rng(2)
+    for i in sorted(near):
+        a = probe_matrix(probe.sizes[i], rng)
+        x = rng.random(1024, dtype=np.float32)
+        budget = 0.15 if a.nbytes < 64 * MIB else 0.6
+        with threadpool_limits(threads, user_api="blas"):
+            gbs = a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9
+        fresh.sgemv_gbs[i] = max(fresh.sgemv_gbs[i], gbs)
+        if fresh.compiled_gbs:
+            gbs = compiled_sweep([(a.nbytes, a)], x, threads, None)[0]
+            fresh.compiled_gbs[i] = max(fresh.compiled_gbs[i], gbs)
+    return fresh
+
+
 def run_probe(threads: int, progress: bool = True) -> Probe:
     caches = Caches.read()
     top = max(8 * caches.llc, 256 * MIB)
@@ -194,7 +225,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     probe = Probe(machine_id(threads), threads, caches, sizes)
     rng = np.random.default_rng(0)
     t_start = time.perf_counter()
-    matrices = [(s, rng.random((s // 4 // 1024, 1024), dtype=np.float32)) for s in sizes]
+    matrices = [(s, probe_matrix(s, rng)) for s in sizes]
     x = rng.random(1024, dtype=np.float32)
     bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=None if progress else True)
     with threadpool_limits(threads, user_api="blas"):
@@ -217,7 +248,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     return probe
 
 
-def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm) -> list[float]:
+def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm | None) -> list[float]:
     """The compiled f32 matvec at each size ([] without numba). After the BLAS sweep, so
     that neither thread pool spins while the other is timed."""
     from quant.backends import numba_importable
@@ -234,7 +265,8 @@ def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm) -> li
         y = np.empty(a.shape[0], np.float32)
         budget = 0.15 if size < 64 * MIB else 0.6
         out.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
-        bar.update()
+        if bar is not None:
+            bar.update()
     return out
 
 

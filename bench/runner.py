@@ -23,7 +23,7 @@ from arch import Config
 from .devices import Device
 from .meter import CATEGORIES, Meter
 from .probe import Probe
-from .sol import estimate, weights_label
+from .sol import Estimate, estimate, weights_label
 
 
 class Variant(NamedTuple):
@@ -188,9 +188,7 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     ms = [r[1] for r in rounds]
     steps = [st for r in rounds for st in r[2]]
     measured = statistics.fmean(st.bytes_read for st in steps)
-    mid = depth + (0 if s.batch else s.prompt) + (s.warmup + s.n) // 2
-    est = estimate(config, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
-                   kernels=f.backend, batch=batch)  # fmt: skip
+    est = _estimate(config, f, s, depth, batch)
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     row = Row(
@@ -204,19 +202,39 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
         bytes_per_step=measured, flops_per_step=est.flops, working_set=est.bytes_per_token,
     )  # fmt: skip
     if probe is not None:
-        tier, bw = probe.attainable(est.bytes_per_token)
-        peak = probe.peak_flops(f.backend, weights_label(f.weights), f.dot)
-        pred = est.predict(bw, peak)
-        row.tier, row.attainable_gbs = tier, bw / 1e9
-        row.pct_attainable = 100 * gbs * 1e9 / bw
-        row.sol_ms, row.bound = pred.ms_per_token, pred.bound
-        row.measured_over_sol = decode_ms / pred.ms_per_token
-        row.peak_gflops, row.ridge_batch = peak / 1e9, est.ridge_batch(bw, peak)
+        hold(row, est, probe, f)
     if device is not None:
         row.device, row.pct_peak = device.name, 100 * gbs * 1e9 / device.bandwidth
     if s.profile:
         row.profile = _profile(steps)
     return row
+
+
+def _estimate(config: Config, f: Variant, s: Settings, depth: int, batch: int) -> Estimate:
+    """The speed-of-light model's step at the middle of a row's timed steps."""
+    mid = depth + (0 if s.batch else s.prompt) + (s.warmup + s.n) // 2
+    return estimate(config, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
+                    kernels=f.backend, batch=batch)  # fmt: skip
+
+
+def hold(row: Row, est: Estimate, probe: Probe, f: Variant) -> None:
+    """Set the row's bound: the probe's attainable bandwidth at its working set and the
+    ceiling of the arithmetic its kernels run, the speed of light and measured / SOL."""
+    tier, bw = probe.attainable(est.bytes_per_token)
+    peak = probe.peak_flops(f.backend, weights_label(f.weights), f.dot)
+    pred = est.predict(bw, peak)
+    row.tier, row.attainable_gbs = tier, bw / 1e9
+    row.pct_attainable = 100 * row.gbs * 1e9 / bw
+    row.sol_ms, row.bound = pred.ms_per_token, pred.bound
+    row.measured_over_sol = row.decode_ms / pred.ms_per_token
+    row.peak_gflops, row.ridge_batch = peak / 1e9, est.ridge_batch(bw, peak)
+
+
+def rehold(rows: list[Row], dec: Decoder, s: Settings, probe: Probe) -> None:
+    """Hold rows that run(dec, s) made against another probe (one measured again beside
+    them: bench.probe.reprobe)."""
+    for row in rows:
+        hold(row, _estimate(dec.config, dec.variant, s, row.depth, row.batch), probe, dec.variant)
 
 
 def _profile(steps: list) -> dict[str, dict[str, float]]:

@@ -25,6 +25,8 @@ from quant import FORMATS, TARGETS
 from quant.host import usable_cores
 
 if TYPE_CHECKING:
+    from bench.runner import Settings
+    from llama_np.model.decoder import Decoder
     from llama_np.model.transformer import Transformer
 
 
@@ -233,7 +235,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
                          profile=args.profile, batch=args.batch)  # fmt: skip
             dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)
-            rows += run(dec, s, probe, device)
+            measured = run(dec, s, probe, device)
+            probe = reprobe_beaten(measured, dec, s, probe, threads)
+            rows += measured
     print_rows(rows, args, {"threads": threads, "machine": probe.machine})
     if args.plot:
         from bench import report
@@ -333,6 +337,34 @@ def check_matrices(model: Transformer) -> None:
     for i, w in enumerate(model.weights.matrices()):
         if (where := w.first_nonfinite()) is not None:
             raise LlamaNpError(f"synthetic matrix {i} holds NaN or infinity at {list(where)}")
+
+
+BEATEN = 0.97  # measured / SOL below this: faster than the bound allows, beyond timing noise
+
+
+def reprobe_beaten(rows: list, dec: Decoder, s: Settings, probe: Probe, threads: int) -> Probe:
+    """Where a row ran faster than its speed of light, the cached probe's bandwidth is low
+    for this moment (a VM's neighbours move it): measure the curve again at those rows'
+    working sets, hold every row against the better figures (and keep them in the cache);
+    a row still faster than its bound is said on stderr, not hidden. The probe to use next."""
+    from bench.probe import reprobe
+    from bench.runner import rehold
+
+    beaten = [r for r in rows if (r.measured_over_sol or 1.0) < BEATEN]
+    if not beaten:
+        return probe
+    print(f"llama-np: {len(beaten)} row(s) faster than the probe's bandwidth allows; "
+          "probing again at their working sets", file=sys.stderr)  # fmt: skip
+    probe = reprobe(probe, [r.working_set for r in beaten], threads)
+    save_probe(probe)
+    rehold(rows, dec, s, probe)
+    for r in rows:
+        if (r.measured_over_sol or 1.0) < BEATEN:
+            print(f"llama-np: depth {r.depth}, B = {r.batch}: still {r.measured_over_sol:.2f} "
+                  f"of its speed of light ({r.gbs:.1f} GB/s against the probe's best "
+                  f"{r.attainable_gbs:.1f}): it reads memory faster than the probe's readers "
+                  "do, and its bound is no bound", file=sys.stderr)  # fmt: skip
+    return probe
 
 
 def print_rows(rows: list, args: argparse.Namespace, meta: dict) -> None:

@@ -14,7 +14,7 @@ from arch import Config
 from bench import report
 from bench.meter import Meter
 from bench.probe import Caches, Probe
-from bench.runner import Settings, Variant, run
+from bench.runner import Settings, Variant, rehold, run
 from bench.sol import estimate
 
 MIB = 1 << 20
@@ -234,3 +234,35 @@ def test_peak_flops_is_the_ceiling_of_the_instruction_that_runs():
     assert p.peak_flops("numba", "q4_k", "int16") == 450e9
     p.fma_gflops = p.int8_gops = 0.0  # a probe from before the machine ceilings
     assert p.peak_flops("numba", "q8_0", "int16") == 100e9
+
+
+def test_reprobe_measures_again_only_around_the_working_sets():
+    """bench.probe.reprobe: the sizes the curve interpolates between around each working
+    set (or its last, beyond it) are measured again and keep the better figure; other sizes
+    and the probe given are untouched."""
+    sizes = [256 << 10, 512 << 10, 1 * MIB, 2 * MIB]
+    low, high = 1e-3, 1e6  # GB/s: far below and far above anything a machine reads
+    p = Probe("test", 2, Caches(512 << 10, 32 * MIB, 2), sizes, [high, low, low, high],
+              [20.0] * 4, 100.0, compiled_gbs=[high, low, low, high])  # fmt: skip
+    fresh = probe_mod.reprobe(p, [700 << 10], 2)  # between 512 KiB and 1 MiB
+    for got in (fresh.sgemv_gbs, fresh.compiled_gbs):
+        assert got[0] == got[3] == high  # better than now: kept
+        assert low < got[1] < high and low < got[2] < high  # measured again, better: taken
+    assert p.sgemv_gbs == [high, low, low, high] and p.compiled_gbs == [high, low, low, high]
+    beyond = probe_mod.reprobe(p, [64 * MIB], 2)  # past the largest: only the largest
+    assert beyond.sgemv_gbs[:3] == [high, low, low]
+
+
+def test_rows_held_again_against_a_better_probe():
+    """runner.rehold: the same rows against a probe whose bandwidth at their working set is
+    doubled: the memory term halves, measured / SOL doubles, nothing else moves."""
+    s = Settings(prompt=8, n=6, depths=(0,), reps=1, warmup=1)
+    dec, probe = Stand(), Probe(**{**fake_probe().__dict__, "sgemm_gflops": 1e4})  # memory-bound
+    (r,) = run(dec, s, probe, None, progress=False)
+    before = (r.sol_ms, r.measured_over_sol, r.decode_ms, r.bytes_per_token)
+    better = Probe(**{**probe.__dict__, "sgemv_gbs": [2 * g for g in probe.sgemv_gbs]})
+    rehold([r], dec, s, better)
+    assert r.bound == "memory" and r.attainable_gbs == 2 * 60.0
+    assert r.sol_ms == pytest.approx(before[0] / 2)
+    assert r.measured_over_sol == pytest.approx(2 * before[1])
+    assert (r.decode_ms, r.bytes_per_token) == before[2:]

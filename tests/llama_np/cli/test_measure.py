@@ -48,3 +48,37 @@ def test_bench_command_on_a_synthetic_preset(tmp_path, monkeypatch, capsys):
     assert r["weights"] == "q4_0" and r["pct_peak"] == pytest.approx(100 * r["gbs"] / 50)
     assert r["rss_mb"] > 0
     assert np.isfinite(r["sol_ms"])
+
+
+def slow_probe(gbs: float):
+    """fake_probe with every bandwidth figure `gbs` and a compute ceiling no row reaches."""
+    p = fake_probe()
+    return type(p)(**{**p.__dict__, "sgemv_gbs": [gbs] * 3, "sgemm_gflops": 1e6})
+
+
+@pytest.mark.parametrize("fresh", [1e4, 1e-3])  # GB/s measured again: enough, still too low
+def test_bench_measures_the_probe_again_where_a_row_beats_it(fresh, monkeypatch, capsys):
+    """A row faster than its speed of light (a probe taken at a slow moment) makes bench
+    measure the curve again at its working set (bench.probe.reprobe), keep that probe in
+    the cache and hold every row against it; a row that still beats it is said on stderr."""
+    asked, saved = [], []
+
+    def reprobe(probe, working_sets, threads):
+        asked.append(working_sets)
+        return slow_probe(fresh)
+
+    monkeypatch.setattr("llama_np.cli.measure.probe_for", lambda t, refresh=False: slow_probe(1e-3))
+    monkeypatch.setattr("bench.probe.reprobe", reprobe)
+    monkeypatch.setattr("llama_np.cli.measure.save_probe", saved.append)
+    args = "bench -m synthetic:smollm2-135m --weights q8_0 -p 4 -n 4 -r 1 --depth 0,8 --json"
+    assert main(args.split()) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)["rows"]
+    assert len(asked) == 1 and sorted(asked[0]) == sorted(r["working_set"] for r in rows)
+    assert [p.sgemv_gbs for p in saved] == [[fresh] * 3]
+    assert all(r["attainable_gbs"] == pytest.approx(fresh) for r in rows)
+    assert "probing again" in out.err
+    if fresh > 1:
+        assert all(r["measured_over_sol"] > 1 for r in rows) and "no bound" not in out.err
+    else:
+        assert out.err.count("its bound is no bound") == len(rows)
