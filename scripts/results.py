@@ -175,7 +175,7 @@ def render_peers(data: dict, plots: Path) -> str:
 def measure_peers_batch(ctx: argparse.Namespace) -> dict:
     import peers_batch
 
-    batches, rounds = ([4, 16], 2) if ctx.quick else ([4, 16, 64], 3)
+    batches, rounds = ([4, 16], 2) if ctx.quick else ([4, 8, 16, 64], 3)
     formats = ["stored"] if ctx.quick else ["f32", "q8_0", "stored"]
     return {m: peers_batch.compare(m, ctx.threads, batches, formats, rounds, 16)
             for m in (MODELS[:1] if ctx.quick else MODELS)}  # fmt: skip
