@@ -20,6 +20,7 @@ from numba import get_thread_id, prange
 
 from .intdot import per16, quantize_x
 from .jit import kernel
+from .simd import AVX512
 from .simd.broadcast import TILE_LANES, TILE_ROWS, bcast_tile1, bcast_tile2
 from .simd.panels import (
     FLOAT_VECTORS,
@@ -194,15 +195,16 @@ def transpose_groups(x, xt):
 def matmat_bcast(w, xt, nvec, add, out):
     """out (B, rows) (=, or += when add) X @ W.T for row-major float32 weights, X as
     transpose_groups lays it out: tiles of TILE_ROWS rows x 32 vectors (x 16 for an odd
-    last group; simd/broadcast.py), a tile's rows read from memory once for all groups."""
+    last group, and every group on AVX2; simd/broadcast.py), a tile's rows read from memory
+    once for all groups."""
     rows, groups = w.shape[0], xt.shape[0]
+    pairs = groups // 2 if AVX512 else 0  # AVX2's 16 registers hold one group's 8 rows
     for p in prange(-(-rows // TILE_ROWS)):
         r0 = TILE_ROWS * p
         n = min(TILE_ROWS, rows - r0)
-        for g in range(0, groups - 1, 2):
+        for g in range(0, 2 * pairs, 2):
             bcast_tile2(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
-        if groups % 2:
-            g = groups - 1
+        for g in range(2 * pairs, groups):
             bcast_tile1(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
 
 

@@ -112,6 +112,9 @@ PATH_SCRIPT = textwrap.dedent(
             for shape in ((5, 3), (33, 10)):
                 for b in (3, 9):  # fewdot's kernels, igemm's panels
                     t.test_a_batch_equals_the_reference_exactly(fmt, shape, b, dot)
+    for fmt in t.FLOATS:  # f32's tiles a group of vectors at a time without AVX-512
+        for b in (3, 9, 33):
+            t.test_float_batches_equal_the_dequantized_product(fmt, 17, 40, b)
     """
 )
 
@@ -120,7 +123,8 @@ PATH_SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("path", ["vpmaddubsw", "generic"])
 def test_batches_on_other_instruction_paths(path, tmp_path):
     """The few-vector and panel products compiled for an AVX2 CPU (q8_0's signed codes,
-    vpmaddubsw) and for a generic x86-64 equal the reference exactly, as here."""
+    vpmaddubsw) and for a generic x86-64 equal the reference exactly, as here; the float
+    formats' within float32 rounding."""
     from tests.quant.test_intdot import PATHS
 
     env, runnable = PATHS[path]

@@ -37,6 +37,7 @@ def cpu_features() -> set[str]:
 
 FEATURES = cpu_features()
 VNNI = {"avx512vnni", "avx512bw"} <= FEATURES
+AVX512 = "avx512f" in FEATURES  # 32 vector registers of 16 float32 lanes
 AVX2 = "avx2" in FEATURES
 # the instruction that multiplies the bytes, named in labels and reports
 DOT_INSTRUCTION = "vpdpbusd" if VNNI else "vpmaddubsw" if AVX2 else "generic"
