@@ -217,6 +217,13 @@ def _estimate(config: Config, f: Variant, s: Settings, depth: int, batch: int) -
                     kernels=f.backend, batch=batch)  # fmt: skip
 
 
+BEATEN = 0.97  # measured / SOL below this: the row ran faster than its bound beyond noise
+
+
+def beats_its_bound(row: Row) -> bool:
+    return (row.measured_over_sol or 1.0) < BEATEN
+
+
 def hold(row: Row, est: Estimate, probe: Probe, f: Variant) -> None:
     """Set the row's bound: the probe's attainable bandwidth at its working set and the
     ceiling of the arithmetic its kernels run, the speed of light and measured / SOL."""

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import report
 from bench.probe import Probe, reprobe, run_probe
-from bench.runner import Row, Settings, rehold, run
+from bench.runner import Row, Settings, beats_its_bound, rehold, run
 from llama_np.api import load
 from llama_np.model.decoder import Decoder
 from llama_np.model.synthetic import synthetic_model
@@ -39,7 +39,6 @@ class Sweep(NamedTuple):
     kv: tuple[str, ...] = ("f32",)
 
 
-BEATEN = 0.97  # measured / SOL below this: the row beat its bound beyond timing noise
 Q = ["q8_0", "q4_0", "q4_1", "q5_0"]  # quantized formats every synthetic model runs
 K = ["q4_k", "q6_k"]  # K-quants: rows a multiple of 256 (TinyLlama, not SmolLM2-360M's 960)
 SWEEPS = [
@@ -101,7 +100,7 @@ def verdict(r: Row) -> str:
     """Where the model holds (within 1.25x, and not beaten) and, where it does not, the
     likely reason."""
     ratio = r.measured_over_sol or float("nan")
-    if ratio < BEATEN:
+    if beats_its_bound(r):
         return "BEATS its speed of light: the probe's readers stream slower than this row"
     if ratio <= 1.25:
         return "holds"
@@ -156,7 +155,7 @@ def knee(r: Row) -> str:
     side = "below" if r.batch <= (r.ridge_batch or 0) / 2 else "near" if r.batch < 4 * (
         r.ridge_batch or 0) else "far above"  # fmt: skip
     held = "holds" if ratio <= (1.25 if side == "below" else 1.5) else "off"
-    if ratio < BEATEN:  # a bound the row beats is no bound: the ceiling is wrong
+    if beats_its_bound(r):  # a bound the row beats is no bound: the ceiling is wrong
         held = "BEATS its speed of light"
     return f"{side} B* ({r.bound}-bound): {held}"
 

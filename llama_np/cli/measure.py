@@ -339,18 +339,15 @@ def check_matrices(model: Transformer) -> None:
             raise LlamaNpError(f"synthetic matrix {i} holds NaN or infinity at {list(where)}")
 
 
-BEATEN = 0.97  # measured / SOL below this: faster than the bound allows, beyond timing noise
-
-
 def reprobe_beaten(rows: list, dec: Decoder, s: Settings, probe: Probe, threads: int) -> Probe:
     """Where a row ran faster than its speed of light, the cached probe's bandwidth is low
     for this moment (a VM's neighbours move it): measure the curve again at those rows'
     working sets, hold every row against the better figures (and keep them in the cache);
     a row still faster than its bound is said on stderr, not hidden. The probe to use next."""
     from bench.probe import reprobe
-    from bench.runner import rehold
+    from bench.runner import beats_its_bound, rehold
 
-    beaten = [r for r in rows if (r.measured_over_sol or 1.0) < BEATEN]
+    beaten = [r for r in rows if beats_its_bound(r)]
     if not beaten:
         return probe
     print(f"llama-np: {len(beaten)} row(s) faster than the probe's bandwidth allows; "
@@ -358,12 +355,11 @@ def reprobe_beaten(rows: list, dec: Decoder, s: Settings, probe: Probe, threads:
     probe = reprobe(probe, [r.working_set for r in beaten], threads)
     save_probe(probe)
     rehold(rows, dec, s, probe)
-    for r in rows:
-        if (r.measured_over_sol or 1.0) < BEATEN:
-            print(f"llama-np: depth {r.depth}, B = {r.batch}: still {r.measured_over_sol:.2f} "
-                  f"of its speed of light ({r.gbs:.1f} GB/s against the probe's best "
-                  f"{r.attainable_gbs:.1f}): it reads memory faster than the probe's readers "
-                  "do, and its bound is no bound", file=sys.stderr)  # fmt: skip
+    for r in filter(beats_its_bound, rows):
+        print(f"llama-np: depth {r.depth}, B = {r.batch}: still {r.measured_over_sol:.2f} of "
+              f"its speed of light ({r.gbs:.1f} GB/s against the probe's best "
+              f"{r.attainable_gbs:.1f}): it reads memory faster than the probe's readers do, "
+              "and its bound is no bound", file=sys.stderr)  # fmt: skip
     return probe
 
 
