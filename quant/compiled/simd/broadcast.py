@@ -9,7 +9,7 @@ stored, a stream of 4 bytes a column each, and no panel is built: the float pane
 (simd/panels.py) transpose 16 rows into a buffer first, a fixed cost of ~1.75 decode
 passes. At the end the accumulators are transposed into each vector's rows and stored.
 float16 and bfloat16 weights keep the panels: widening a broadcast weight costs more
-instructions than the fused multiply-add it feeds (f16, 16 vectors: 2.3x the panels'
+instructions than the fused multiply-add it feeds (f16, 16 vectors: 1.7x the panels'
 time on 3072 x 576).
 
 8 rows, not 16: rows 8 KiB apart (2048 float32 columns) fall in one set of the 8-way L1,
