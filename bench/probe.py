@@ -187,6 +187,11 @@ def best_agreeing(rate: Callable[[], float], tolerance: float = 0.1, most: int =
     return max(runs), runs
 
 
+def time_budget(size: int) -> float:
+    """Seconds of repeated calls the probe times a working set of `size` bytes for."""
+    return 0.15 if size < 64 * MIB else 0.6
+
+
 def probe_matrix(size: int, rng: np.random.Generator) -> np.ndarray:
     """The matrix the probe reads at a working set of `size` bytes: 1024 float32 columns."""
     return rng.random((size // 4 // 1024, 1024), dtype=np.float32)
@@ -208,7 +213,7 @@ def reprobe(probe: Probe, working_sets: list[int], threads: int) -> Probe:
     for i in sorted(near):
         a = probe_matrix(probe.sizes[i], rng)
         x = rng.random(1024, dtype=np.float32)
-        budget = 0.15 if a.nbytes < 64 * MIB else 0.6
+        budget = time_budget(a.nbytes)
         with threadpool_limits(threads, user_api="blas"):
             gbs = a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9
         fresh.sgemv_gbs[i] = max(fresh.sgemv_gbs[i], gbs)
@@ -230,7 +235,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=None if progress else True)
     with threadpool_limits(threads, user_api="blas"):
         for size, a in matrices:
-            budget = 0.15 if size < 64 * MIB else 0.6
+            budget = time_budget(size)
             probe.sgemv_gbs.append(a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9)
             reduce = partial(np.add.reduce, a.reshape(-1))
             probe.reduce_gbs.append(a.nbytes / _time(reduce, budget) / 1e9)
@@ -263,7 +268,7 @@ def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm | None
     out = []
     for size, a in matrices:
         y = np.empty(a.shape[0], np.float32)
-        budget = 0.15 if size < 64 * MIB else 0.6
+        budget = time_budget(size)
         out.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
         if bar is not None:
             bar.update()

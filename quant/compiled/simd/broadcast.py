@@ -24,7 +24,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .panels import F32, I64, F32x16, I32x16, const, splat, transpose16
+from .panels import F32x16, I32x16, accumulate, const, put_rows, splat, transpose16
 
 TILE_ROWS = 8  # rows of a tile: one accumulator per group of vectors
 TILE_LANES = 16  # vectors of a group: the accumulators' lanes
@@ -32,40 +32,23 @@ TILE_LANES = 16  # vectors of a group: the accumulators' lanes
 
 def _loop(builder, wrow, xbase, cols):
     """The loop over the columns: per group j and row r, acc[j][r] += w[r, k] xt[j, k];
-    returns the accumulators (zeros when cols is 0)."""
-    groups, entry = len(xbase), builder.block
-    loop = builder.append_basic_block("bcast.loop")
-    done = builder.append_basic_block("bcast.done")
-    zero = ir.Constant(F32x16, None)
-    builder.cbranch(builder.icmp_signed(">", cols, const(0)), loop, done)
-    builder.position_at_end(loop)
-    k = builder.phi(I64)
-    k.add_incoming(const(0), entry)
-    accs = [[builder.phi(F32x16) for _ in wrow] for _ in xbase]
-    for p in (p for row_accs in accs for p in row_accs):
-        p.add_incoming(zero, entry)
-    xk = builder.mul(k, const(TILE_LANES))
-    xv = [builder.load(builder.bitcast(builder.gep(xb, [xk]), F32x16.as_pointer()), align=4)
-          for xb in xbase]  # fmt: skip
-    new = [[None] * len(wrow) for _ in range(groups)]
-    for r, row in enumerate(wrow):
-        wv = splat(builder, builder.load(builder.gep(row, [k])), F32x16)
-        for j in range(groups):
-            product = builder.fmul(wv, xv[j], flags=["contract"])
-            new[j][r] = builder.fadd(accs[j][r], product, flags=["contract"])
-    k1 = builder.add(k, const(1))
-    for j in range(groups):
-        for r in range(len(wrow)):
-            accs[j][r].add_incoming(new[j][r], builder.block)
-    k.add_incoming(k1, builder.block)
-    builder.cbranch(builder.icmp_signed("<", k1, cols), loop, done)
-    builder.position_at_end(done)
-    final = [[builder.phi(F32x16) for _ in wrow] for _ in xbase]
-    for j in range(groups):
-        for r in range(len(wrow)):
-            final[j][r].add_incoming(zero, entry)
-            final[j][r].add_incoming(new[j][r], loop)
-    return final
+    returns the accumulators, by group then row (zeros when cols is 0)."""
+    rows = len(wrow)
+
+    def body(k, accs):
+        xk = builder.mul(k, const(TILE_LANES))
+        xv = [builder.load(builder.bitcast(builder.gep(xb, [xk]), F32x16.as_pointer()),
+                           align=4) for xb in xbase]  # fmt: skip
+        new = list(accs)
+        for r, row in enumerate(wrow):
+            wv = splat(builder, builder.load(builder.gep(row, [k])), F32x16)
+            for j, x in enumerate(xv):
+                product = builder.fmul(wv, x, flags=["contract"])
+                new[rows * j + r] = builder.fadd(accs[rows * j + r], product, flags=["contract"])
+        return new
+
+    flat = accumulate(builder, cols, 1, rows * len(xbase), body, "bcast")
+    return [flat[rows * j : rows * (j + 1)] for j in range(len(xbase))]
 
 
 def _tile(groups: int):
@@ -113,26 +96,10 @@ bcast_tile1, bcast_tile2 = _tile(1), _tile(2)  # 16 and 32 vectors a tile
 
 def store_vectors(context, builder, out_ty, out_, v0, nvec, r0, nrows, add, rows16):
     """out[v0 + l, r0:r0 + nrows] (=, or += when add) rows16[l] for l < nvec."""
-    oa = context.make_array(out_ty)(context, builder, out_)
-    ostride = cgutils.unpack_tuple(builder, oa.strides, 2)[0]
-    obase = builder.bitcast(oa.data, ir.IntType(8).as_pointer())
-    i32 = ir.IntType(32)
-    mask = builder.sub(builder.shl(const(1, i32), builder.trunc(nrows, i32)), const(1, i32))
-    i1x16 = ir.VectorType(ir.IntType(1), 16)
-    bits = builder.bitcast(builder.trunc(mask, ir.IntType(16)), i1x16)
-    f32p = F32x16.as_pointer()
-    store_fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [F32x16, f32p, i32, i1x16]),
-        "llvm.masked.store.v16f32.p0")  # fmt: skip
-    load_fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(F32x16, [f32p, i32, i1x16, F32x16]),
-        "llvm.masked.load.v16f32.p0")  # fmt: skip
-    adding = builder.icmp_signed("!=", add, const(0))
-    for l, value in enumerate(rows16):
-        with builder.if_then(builder.icmp_signed("<", const(l), nvec)):
-            row = builder.mul(builder.add(v0, const(l)), ostride)
-            p = builder.gep(builder.bitcast(builder.gep(obase, [row]), F32.as_pointer()), [r0])
-            p = builder.bitcast(p, f32p)
-            old = builder.call(load_fn, [p, const(4, i32), bits, ir.Constant(F32x16, None)])
-            builder.call(store_fn, [builder.select(adding, builder.fadd(old, value), value), p,
-                                    const(4, i32), bits])  # fmt: skip
+    orows = [
+        builder.select(
+            builder.icmp_signed("<", const(l), nvec), builder.add(v0, const(l)), const(-1)
+        )
+        for l in range(len(rows16))
+    ]
+    put_rows(context, builder, out_ty, out_, orows, r0, nrows, add, rows16)

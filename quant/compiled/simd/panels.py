@@ -76,6 +76,36 @@ def store(builder, value, ptr):
     builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=1)
 
 
+def accumulate(builder, n, step: int, count: int, body, name: str) -> list:
+    """An LLVM loop `for i in range(0, n, step)` (i an i64) over `count` <16 x float>
+    accumulators that start at zero: body(i, accs) returns their new values. Returns the
+    accumulators after the loop (zeros when n <= 0)."""
+    entry = builder.block
+    loop = builder.append_basic_block(f"{name}.loop")
+    done = builder.append_basic_block(f"{name}.done")
+    zero = ir.Constant(F32x16, None)
+    builder.cbranch(builder.icmp_signed(">", n, const(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(I64)
+    i.add_incoming(const(0), entry)
+    accs = [builder.phi(F32x16) for _ in range(count)]
+    for p in accs:
+        p.add_incoming(zero, entry)
+    new = body(i, accs)
+    i1 = builder.add(i, const(step))
+    latch = builder.block
+    for p, v in zip(accs, new, strict=True):
+        p.add_incoming(v, latch)
+    i.add_incoming(i1, latch)
+    builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
+    builder.position_at_end(done)
+    final = [builder.phi(F32x16) for _ in range(count)]
+    for p, v in zip(final, new, strict=True):
+        p.add_incoming(zero, entry)
+        p.add_incoming(v, latch)
+    return final
+
+
 def guarded(builder, ok, ptr, safe, vt):
     """Load vt from ptr where ok, else zeros; the load reads `safe` instead (never faults)."""
     value = load(builder, builder.select(ok, ptr, safe), vt)
@@ -449,73 +479,57 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
               paired: bool):  # fmt: skip
     """Sub-blocks one at a time, or (paired) two, their integer sums added first."""
     step = 2 if paired else 1
-    entry = builder.block
-    loop = builder.append_basic_block("tile.loop")
-    done = builder.append_basic_block("tile.done")
-    zero = ir.Constant(F32x16, None)
-    builder.cbranch(builder.icmp_signed(">", nsub, const(0)), loop, done)
-    builder.position_at_end(loop)
-    s = builder.phi(I64)
-    s.add_incoming(const(0), entry)
-    accs = []
-    for _ in range(VECTORS):
-        p = builder.phi(F32x16)
-        p.add_incoming(zero, entry)
-        accs.append(p)
-    at = builder.mul(s, const(256))
-    runs = [
-        load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64)
-        for k in range(4 * step)
-    ]
-    dp = builder.gep(dbase, [builder.mul(s, const(32))])
-    D = load(builder, dp, F32x16)
-    M = load(builder, builder.gep(dp, [const(16)]), F32x16)
-    half = builder.lshr(s, const(1))
-    new = []
-    for v in range(VECTORS):
-        xp = builder.gep(xrow[v], [builder.mul(s, const(16))])
 
-        def dots(base):
-            acc = ir.Constant(I32x16, None)
-            for k in range(4 * step):  # a sub-block's 16 bytes: 4 runs of 4 (each pair's next)
-                x4 = builder.load(
-                    builder.bitcast(builder.gep(base, [const(4 * k)]), I32.as_pointer()), align=1
+    def body(s, accs):
+        at = builder.mul(s, const(256))
+        runs = [
+            load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64)
+            for k in range(4 * step)
+        ]
+        dp = builder.gep(dbase, [builder.mul(s, const(32))])
+        D = load(builder, dp, F32x16)
+        M = load(builder, builder.gep(dp, [const(16)]), F32x16)
+        half = builder.lshr(s, const(1))
+        new = []
+        for v in range(VECTORS):
+            xp = builder.gep(xrow[v], [builder.mul(s, const(16))])
+
+            def dots(base):
+                acc = ir.Constant(I32x16, None)
+                for k in range(4 * step):  # a sub-block's 16 bytes: 4 runs of 4 (each pair's next)
+                    x4 = builder.load(
+                        builder.bitcast(builder.gep(base, [const(4 * k)]), I32.as_pointer()),
+                        align=1,
+                    )
+                    acc = _dot_run(builder, acc, runs[k], x4, signed)
+                return acc
+
+            sums = dots(xp)
+            if wide:
+                sums = builder.add(
+                    builder.shl(sums, ir.Constant(I32x16, [7] * 16)), dots(builder.gep(xp, [lo]))
                 )
-                acc = _dot_run(builder, acc, runs[k], x4, signed)
-            return acc
-
-        sums = dots(xp)
-        if wide:
-            sums = builder.add(
-                builder.shl(sums, ir.Constant(I32x16, [7] * 16)), dots(builder.gep(xp, [lo]))
+            xd = builder.load(builder.gep(xdrow[v], [half]))
+            xb = builder.load(builder.gep(xbrow[v], [s]))
+            if paired:
+                xb = builder.fadd(
+                    xb, builder.load(builder.gep(xbrow[v], [builder.add(s, const(1))]))
+                )
+            w = builder.fmul(D, splat(builder, xd, F32x16))
+            a = builder.fadd(
+                accs[v],
+                builder.fmul(builder.sitofp(sums, F32x16), w, flags=["contract"]),
+                flags=["contract"],
             )
-        xd = builder.load(builder.gep(xdrow[v], [half]))
-        xb = builder.load(builder.gep(xbrow[v], [s]))
-        if paired:
-            xb = builder.fadd(xb, builder.load(builder.gep(xbrow[v], [builder.add(s, const(1))])))
-        w = builder.fmul(D, splat(builder, xd, F32x16))
-        a = builder.fadd(
-            accs[v],
-            builder.fmul(builder.sitofp(sums, F32x16), w, flags=["contract"]),
-            flags=["contract"],
-        )
-        a = builder.fadd(
-            a, builder.fmul(M, splat(builder, xb, F32x16), flags=["contract"]), flags=["contract"]
-        )
-        new.append(a)
-    s1 = builder.add(s, const(step))
-    for v in range(VECTORS):
-        accs[v].add_incoming(new[v], builder.block)
-    s.add_incoming(s1, builder.block)
-    builder.cbranch(builder.icmp_signed("<", s1, nsub), loop, done)
-    builder.position_at_end(done)
-    out = []
-    for v in range(VECTORS):
-        p = builder.phi(F32x16)
-        p.add_incoming(zero, entry)
-        p.add_incoming(new[v], loop)
-        out.append(p)
-    return out
+            a = builder.fadd(
+                a,
+                builder.fmul(M, splat(builder, xb, F32x16), flags=["contract"]),
+                flags=["contract"],
+            )
+            new.append(a)
+        return new
+
+    return accumulate(builder, nsub, step, VECTORS, body, "tile")
 
 
 # --- float weights: the same panels, in float32
@@ -603,37 +617,17 @@ def float_tile(typingctx, panel, cols, x, xrows, out, orows, r0, nrows, add):
             xrow.append(
                 builder.bitcast(builder.gep(xbase, [builder.mul(row, xstride)]), F32.as_pointer())
             )
-        entry = builder.block
-        loop = builder.append_basic_block("ftile.loop")
-        done = builder.append_basic_block("ftile.done")
-        zero = ir.Constant(F32x16, None)
-        builder.cbranch(builder.icmp_signed(">", cols, const(0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(I64)
-        k.add_incoming(const(0), entry)
-        accs = []
-        for _ in range(FLOAT_VECTORS):
-            p = builder.phi(F32x16)
-            p.add_incoming(zero, entry)
-            accs.append(p)
-        wv = load(builder, builder.gep(pbase, [builder.mul(k, const(16))]), F32x16)
-        new = []
-        for v in range(FLOAT_VECTORS):
-            xv = splat(builder, builder.load(builder.gep(xrow[v], [k])), F32x16)
-            new.append(builder.fadd(accs[v], builder.fmul(wv, xv, flags=["contract"]),
-                                    flags=["contract"]))  # fmt: skip
-        k1 = builder.add(k, const(1))
-        for v in range(FLOAT_VECTORS):
-            accs[v].add_incoming(new[v], builder.block)
-        k.add_incoming(k1, builder.block)
-        builder.cbranch(builder.icmp_signed("<", k1, cols), loop, done)
-        builder.position_at_end(done)
-        final = []
-        for v in range(FLOAT_VECTORS):
-            p = builder.phi(F32x16)
-            p.add_incoming(zero, entry)
-            p.add_incoming(new[v], loop)
-            final.append(p)
+
+        def body(k, accs):
+            wv = load(builder, builder.gep(pbase, [builder.mul(k, const(16))]), F32x16)
+            new = []
+            for v in range(FLOAT_VECTORS):
+                xv = splat(builder, builder.load(builder.gep(xrow[v], [k])), F32x16)
+                new.append(builder.fadd(accs[v], builder.fmul(wv, xv, flags=["contract"]),
+                                        flags=["contract"]))  # fmt: skip
+            return new
+
+        final = accumulate(builder, cols, 1, FLOAT_VECTORS, body, "ftile")
         store_rows(context, builder, sig.args[4], out_, sig.args[5], orows_, r0, nrows, add,
                    final)  # fmt: skip
         return context.get_dummy_value()
@@ -644,9 +638,16 @@ def float_tile(typingctx, panel, cols, x, xrows, out, orows, r0, nrows, add):
 
 def store_rows(context, builder, out_ty, out_, orows_ty, orows_, r0, nrows, add, accs):
     """out[orows[v], r0:r0 + nrows] (=, or += when add) accs[v], where orows[v] >= 0."""
+    orr = context.make_array(orows_ty)(context, builder, orows_)
+    orows = [builder.load(builder.gep(orr.data, [const(v)])) for v in range(len(accs))]
+    put_rows(context, builder, out_ty, out_, orows, r0, nrows, add, accs)
+
+
+def put_rows(context, builder, out_ty, out_, orows: list, r0, nrows, add, accs):
+    """out[orows[v], r0:r0 + nrows] (=, or += when add) accs[v] (<16 x float>), where the
+    i64 orows[v] >= 0: a masked load and store of the nrows lanes."""
     oa = context.make_array(out_ty)(context, builder, out_)
     ostride = cgutils.unpack_tuple(builder, oa.strides, 2)[0]
-    orr = context.make_array(orows_ty)(context, builder, orows_)
     obase = builder.bitcast(oa.data, I8.as_pointer())
     mask = builder.sub(builder.shl(const(1, I32), builder.trunc(nrows, I32)), const(1, I32))
     i1x16 = ir.VectorType(ir.IntType(1), 16)
@@ -659,8 +660,7 @@ def store_rows(context, builder, out_ty, out_, orows_ty, orows_, r0, nrows, add,
         "llvm.masked.load.v16f32.p0")  # fmt: skip
     bits = builder.bitcast(builder.trunc(mask, ir.IntType(16)), i1x16)
     adding = builder.icmp_signed("!=", add, const(0))
-    for v, acc in enumerate(accs):
-        orow = builder.load(builder.gep(orr.data, [const(v)]))
+    for orow, acc in zip(orows, accs, strict=True):
         with builder.if_then(builder.icmp_signed(">=", orow, const(0))):
             row = builder.bitcast(
                 builder.gep(obase, [builder.mul(orow, ostride)]), F32.as_pointer()
