@@ -5,7 +5,10 @@ copy of the prefix.
 
 Work is split over (KV head, run of keys), so both cores share even one head's keys; each
 piece keeps its own running maximum and sum, and the pieces are merged at the end (the
-"split-K" of flash-decoding). Query heads that share a KV head (GQA) read its keys once.
+"split-K" of flash-decoding). Query heads that share a KV head (GQA) read its keys once:
+GROUPs of four queries share each loaded key or value in registers (padded with zero
+queries up to a whole group), and every group has its turn at two tiles of keys, or a
+CHUNK of values, while they sit in L1, so each byte comes from memory once.
 """
 
 from __future__ import annotations
@@ -18,11 +21,21 @@ from ..ggml import BLOCK
 from ..kv import TILE
 from .jit import kernel
 from .ops import exp_neg
-from .simd.lanes import add16, fma16, fma16_f16, fma16_i8, set16, zero16
-from .simd.scalar import f16, f32, stack_f32, to_f16
+from .simd.lanes import add16, fma16, fma16_f16, fma16_i8, max16, set16, zero16
+from .simd.scalar import f16, f32, prefetch, stack_f32, to_f16
 
 TILES_PER_TASK = 16  # tiles of 16 keys one piece of parallel work reads, at least
-CHAINS = 8  # independent accumulators in a tile's dot products (any rest: one chain)
+GROUP = 4  # query heads of one KV head that one pass over its keys or values serves
+WIDE = 64  # elements of a value each query of a group accumulates in registers a pass
+PAIR = 2 * GROUP * 16  # accumulators of a group's scores over two tiles of keys
+SPAN = GROUP * WIDE  # accumulators of a group's weighed values
+CHUNK = 32  # slots whose values every group weighs in turn (8 KiB of f32 at head_dim 64)
+# How far ahead the float loops ask for lines (simd.scalar.prefetch). A tile is one 4 KiB
+# page at head_dim 64, and the hardware prefetcher stops at a page's end: without these,
+# compute and reads took turns (TinyLlama's shape from DRAM, B = 16 at 4096 keys: 7.5 ms
+# a layer, 6.9 with; the same loops on keys in L3 4.0).
+KEYS_AHEAD = 4  # tiles
+VALUES_AHEAD = 64  # slots
 
 
 # --- the KV stores, by format --------------------------------------------------------
@@ -41,16 +54,20 @@ def put_value(values, h, slot, vec):
     """values[h, slot] = vec (head_dim,) float32, in the store's format (head-major)."""
 
 
-def tile_scores(keys, h, t, q, acc, tmp):
-    """acc[0:16] = q . key for the 16 keys of tile t of head h: one vector operation per
-    element of q (acc, tmp: CHAINS * 16 float32 of scratch)."""
+def pair_scores(keys, h, ta, tb, q, g, acc):
+    """acc[16 r : 16 r + 16] = q[g + r] . key for the 16 keys of tile ta of head h, and
+    acc[16 (GROUP + r) : ...] for tile tb, r < GROUP (q: (queries, head_dim), 2-D so that
+    numba's check for a negative index, on the row, leaves the inner loop). Each 16
+    elements of the keys are loaded once for GROUP fused multiply-adds, 2 x GROUP
+    accumulators in all (registers: acc must be on the stack)."""
 
 
-def weigh_values(values, h, k0, k1, probs, o, at, stride):
-    """For each query r sharing KV head h: o[at + r * stride : ... + head_dim] +=
-    sum over slots i in k0:k1 of probs[r, i - k0] * value (h, i).
-    Four slots per step: a run of four fused multiply-adds on each 16 lanes of o between
-    a load and a store, not one store-to-load round trip per slot."""
+def weigh_group(values, h, k0, i0, i1, probs, g, rows, o, at, stride):
+    """For the queries g + r sharing KV head h, r < rows <= GROUP (the group's rest is
+    padding): o[at + r * stride : ... + head_dim] += sum over slots i in i0:i1 of
+    probs[g + r, i - k0] * value (h, i). A value's 16 elements are loaded once for GROUP
+    fused multiply-adds, into accumulators held in registers over all of i0:i1 (64
+    elements of every query a pass, then 16), added to o at the end."""
 
 
 def store_format(store) -> str:
@@ -155,119 +172,124 @@ def zero(a, n):
         zero16(a, i)
 
 
-@kernel(inline=True)
-def fold_chains(acc):
-    """acc[0:16] = the sum of the CHAINS partial sums acc[16 c : 16 c + 16]."""
-    for c in range(1, CHAINS):
-        add16(acc, 0, acc, TILE * c)
-
-
-@overload(tile_scores, inline="always")
-def _tile_scores(keys, h, t, q, acc, tmp):
-    # acc holds CHAINS partial sums of 16 lanes: one fused multiply-add chain would wait
-    # 4 cycles per element of q (its latency) instead of issuing two per cycle.
+@overload(pair_scores, inline="always")
+def _pair_scores(keys, h, ta, tb, q, g, acc):
     if _is_q8_0(keys):
 
-        def scores_q8_0(keys, h, t, q, acc, tmp):
+        def scores_q8_0(keys, h, ta, tb, q, g, acc):
             codes, scales = keys
-            hd = codes.shape[2]
-            base = (h * codes.shape[1] + t) * hd
-            zero(acc, TILE)
-            for b in range(hd // BLOCK):
-                zero(tmp, CHAINS * TILE)
-                for j in range(0, BLOCK, CHAINS):
-                    for c in range(CHAINS):
-                        jj = BLOCK * b + j + c
-                        fma16_i8(tmp, TILE * c, q[jj], codes, (base + jj) * TILE)
-                fold_chains(tmp)
-                fma16_f16(
-                    acc, 0, tmp, scales, ((h * codes.shape[1] + t) * (hd // BLOCK) + b) * TILE
-                )
+            hd, tiles = codes.shape[2], codes.shape[1]
+            a, b = (h * tiles + ta) * hd, (h * tiles + tb) * hd
+            tmp = carray(stack_f32(PAIR), PAIR)
+            zero(acc, 2 * GROUP * TILE)
+            for blk in range(hd // BLOCK):
+                zero(tmp, 2 * GROUP * TILE)
+                for j in range(BLOCK * blk, BLOCK * (blk + 1)):
+                    for r in range(GROUP):
+                        x = q[g + r, j]
+                        fma16_i8(tmp, TILE * r, x, codes, (a + j) * TILE)
+                        fma16_i8(tmp, TILE * (GROUP + r), x, codes, (b + j) * TILE)
+                sa = ((h * tiles + ta) * (hd // BLOCK) + blk) * TILE
+                sb = ((h * tiles + tb) * (hd // BLOCK) + blk) * TILE
+                for r in range(GROUP):
+                    fma16_f16(acc, TILE * r, tmp[TILE * r :], scales, sa)
+                    fma16_f16(acc, TILE * (GROUP + r), tmp[TILE * (GROUP + r) :], scales, sb)
 
         return scores_q8_0
-    if _is_f16(keys):
+    fma = fma16_f16 if _is_f16(keys) else fma16
 
-        def scores_f16(keys, h, t, q, acc, tmp):
-            hd = keys[0].shape[2]
-            base = (h * keys[0].shape[1] + t) * hd
-            whole = hd // CHAINS * CHAINS
-            zero(acc, CHAINS * TILE)
-            for j in range(0, whole, CHAINS):
-                for c in range(CHAINS):
-                    fma16_f16(acc, TILE * c, q[j + c], keys[0], (base + j + c) * TILE)
-            for j in range(whole, hd):  # head_dim % 8: the last elements, one chain
-                fma16_f16(acc, 0, q[j], keys[0], (base + j) * TILE)
-            fold_chains(acc)
+    def scores_float(keys, h, ta, tb, q, g, acc):
+        k = keys[0]
+        hd, tiles = k.shape[2], k.shape[1]
+        a, b = (h * tiles + ta) * hd, (h * tiles + tb) * hd
+        zero(acc, 2 * GROUP * TILE)
+        for j in range(hd):
+            prefetch(k, (a + j) * TILE + KEYS_AHEAD * hd * TILE)
+            prefetch(k, (b + j) * TILE + KEYS_AHEAD * hd * TILE)
+            for r in range(GROUP):
+                x = q[g + r, j]
+                fma(acc, TILE * r, x, k, (a + j) * TILE)
+                fma(acc, TILE * (GROUP + r), x, k, (b + j) * TILE)
 
-        return scores_f16
-
-    def scores_f32(keys, h, t, q, acc, tmp):
-        hd = keys[0].shape[2]
-        base = (h * keys[0].shape[1] + t) * hd
-        whole = hd // CHAINS * CHAINS
-        zero(acc, CHAINS * TILE)
-        for j in range(0, whole, CHAINS):
-            for c in range(CHAINS):
-                fma16(acc, TILE * c, q[j + c], keys[0], (base + j + c) * TILE)
-        for j in range(whole, hd):  # head_dim % 8: the last elements, one chain
-            fma16(acc, 0, q[j], keys[0], (base + j) * TILE)
-        fold_chains(acc)
-
-    return scores_f32
+    return scores_float
 
 
-@overload(weigh_values, inline="always")
-def _weigh_values(values, h, k0, k1, probs, o, at, stride):
+@kernel(inline=True)
+def put_group(acc, width, rows, o, at, stride, c):
+    """o[at + r * stride + c : ... + width] += acc[r * width : (r + 1) * width] for the
+    group's first `rows` queries (the rest: padding)."""
+    for r in range(rows):
+        out = at + r * stride + c
+        for v in range(0, width, TILE):
+            add16(o, out + v, acc, r * width + v)
+
+
+@kernel(inline=True)
+def q8_0_values(values, h, k0, i0, i1, probs, g, acc, c, nb):
+    """acc[r * 32 nb : (r + 1) * 32 nb] = the GROUP queries' weighed sum of the nb (a
+    constant) blocks of q8_0 values from element c: each block's scale folded into the
+    probability, the codes widened once for GROUP fused multiply-adds."""
+    codes, scales = values
+    hd, slots = codes.shape[2], codes.shape[1]
+    zero(acc, GROUP * nb * BLOCK)
+    for i in range(i0, i1):
+        row = (h * slots + i) * hd + c
+        for blk in range(nb):
+            d = f16(scales[h, i, c // BLOCK + blk])
+            for r in range(GROUP):
+                p = probs[g + r, i - k0] * d
+                for v in range(0, BLOCK, TILE):
+                    at = (r * nb + blk) * BLOCK + v
+                    fma16_i8(acc, at, p, codes, row + BLOCK * blk + v)
+
+
+@overload(weigh_group, inline="always")
+def _weigh_group(values, h, k0, i0, i1, probs, g, rows, o, at, stride):
     if _is_q8_0(values):
 
-        def weigh_q8_0(values, h, k0, k1, probs, o, at, stride):
-            codes, scales = values
-            hd, slots = codes.shape[2], codes.shape[1]
-            two = k0 + (k1 - k0) // 2 * 2
-            for r in range(probs.shape[0]):
-                out = at + r * stride
-                for i in range(k0, two, 2):
-                    row = (h * slots + i) * hd
-                    for b in range(hd // BLOCK):
-                        p0 = probs[r, i - k0] * f16(scales[h, i, b])
-                        p1 = probs[r, i + 1 - k0] * f16(scales[h, i + 1, b])
-                        for half in range(BLOCK * b, BLOCK * (b + 1), 16):
-                            fma16_i8(o, out + half, p0, codes, row + half)
-                            fma16_i8(o, out + half, p1, codes, row + hd + half)
-                for i in range(two, k1):
-                    row = (h * slots + i) * hd
-                    for b in range(hd // BLOCK):
-                        p0 = probs[r, i - k0] * f16(scales[h, i, b])
-                        for half in range(BLOCK * b, BLOCK * (b + 1), 16):
-                            fma16_i8(o, out + half, p0, codes, row + half)
+        def weigh_q8_0(values, h, k0, i0, i1, probs, g, rows, o, at, stride):
+            hd = values[0].shape[2]
+            acc = carray(stack_f32(SPAN), SPAN)
+            wide = hd // WIDE * WIDE
+            for c in range(0, wide, WIDE):  # two blocks a pass, then one
+                q8_0_values(values, h, k0, i0, i1, probs, g, acc, c, WIDE // BLOCK)
+                put_group(acc, WIDE, rows, o, at, stride, c)
+            if wide < hd:
+                q8_0_values(values, h, k0, i0, i1, probs, g, acc, wide, 1)
+                put_group(acc, BLOCK, rows, o, at, stride, wide)
 
         return weigh_q8_0
     fma = fma16_f16 if _is_f16(values) else fma16
     widen = f16 if _is_f16(values) else f32
 
-    def weigh_float(values, h, k0, k1, probs, o, at, stride):
+    def weigh_float(values, h, k0, i0, i1, probs, g, rows, o, at, stride):
         v = values[0]
         hd, slots = v.shape[2], v.shape[1]
-        whole = hd // 16 * 16  # elements of a value the 16-lane steps cover
-        four = k0 + (k1 - k0) // 4 * 4
-        for r in range(probs.shape[0]):
+        wide, whole = hd // WIDE * WIDE, hd // TILE * TILE
+        acc = carray(stack_f32(SPAN), SPAN)
+        for c in range(0, wide, WIDE):
+            zero(acc, GROUP * WIDE)
+            for i in range(i0, i1):
+                row = (h * slots + i) * hd + c
+                for j in range(0, WIDE, TILE):
+                    prefetch(v, row + VALUES_AHEAD * hd + j)
+                for r in range(GROUP):
+                    p = probs[g + r, i - k0]
+                    for j in range(0, WIDE, TILE):
+                        fma(acc, r * WIDE + j, p, v, row + j)
+            put_group(acc, WIDE, rows, o, at, stride, c)
+        for c in range(wide, whole, TILE):
+            zero(acc, GROUP * TILE)
+            for i in range(i0, i1):
+                row = (h * slots + i) * hd + c
+                for r in range(GROUP):
+                    fma(acc, r * TILE, probs[g + r, i - k0], v, row)
+            put_group(acc, TILE, rows, o, at, stride, c)
+        for r in range(rows):  # head_dim % 16: the last elements, one at a time
             out = at + r * stride
-            for i in range(k0, four, 4):
-                p0, p1 = probs[r, i - k0], probs[r, i + 1 - k0]
-                p2, p3 = probs[r, i + 2 - k0], probs[r, i + 3 - k0]
-                row = (h * slots + i) * hd
-                for j in range(0, whole, 16):
-                    fma(o, out + j, p0, v, row + j)
-                    fma(o, out + j, p1, v, row + hd + j)
-                    fma(o, out + j, p2, v, row + 2 * hd + j)
-                    fma(o, out + j, p3, v, row + 3 * hd + j)
-            for i in range(four, k1):
-                row = (h * slots + i) * hd
-                for j in range(0, whole, 16):
-                    fma(o, out + j, probs[r, i - k0], v, row + j)
-            for i in range(k0, k1):  # head_dim % 16: the last elements, one at a time
-                for j in range(whole, hd):
-                    o[out + j] += probs[r, i - k0] * widen(v[h, i, j])
+            for j in range(whole, hd):
+                for i in range(i0, i1):
+                    o[out + j] += probs[g + r, i - k0] * widen(v[h, i, j])
 
     return weigh_float
 
@@ -310,14 +332,55 @@ def append(qkv, cos, sin, keys, values, slot, h, n_heads):
 
 @kernel(inline=True)
 def queries(qkv, cos, sin, h, rep, hd):
-    """The rep query heads that share KV head h, rotated and scaled by 1/sqrt(hd)."""
-    q = qkv[h * rep * hd : (h + 1) * rep * hd].copy()
+    """The rep query heads that share KV head h, rotated and scaled by 1/sqrt(hd), then
+    zeros up to a whole number of GROUPs ((groups * GROUP * hd,) float32)."""
+    padded = -(-rep // GROUP) * GROUP
+    q = np.zeros(padded * hd, np.float32)
+    q[: rep * hd] = qkv[h * rep * hd : (h + 1) * rep * hd]
     scale = np.float32(1) / np.sqrt(np.float32(hd))
     for r in range(rep):
         rope(q[r * hd : (r + 1) * hd], cos, sin)
         for j in range(hd):
             q[r * hd + j] *= scale
     return q
+
+
+@kernel(inline=True)
+def maximum(x):
+    """x.max() for x (n,) float32, NaN if any element is NaN (as NumPy's), 16 lanes at a
+    time: NumPy's max compiles to a scalar loop with a branch for NaN on every element."""
+    n = x.shape[0] // TILE * TILE
+    m = x[0]
+    if n > 0:
+        lanes = carray(stack_f32(TILE), TILE)
+        set16(lanes, 0, x, 0)
+        for i in range(TILE, n, TILE):
+            max16(lanes, 0, x, i)
+        for j in range(TILE):
+            if lanes[j] > m or lanes[j] != lanes[j]:
+                m = lanes[j]
+    for i in range(n, x.shape[0]):
+        if x[i] > m or x[i] != x[i]:  # a NaN stays
+            m = x[i]
+    return m
+
+
+@kernel(inline=True)
+def group_scores(keys, h, t0, t1, q, scores):
+    """scores[r, 16 (t - t0) : ... + 16] = q_r . the keys of tile t for every query r of
+    q (rows: a whole number of GROUPs) and the tiles t0:t1 of head h, two at a time (an
+    odd last one paired with itself), every group's while the two are in L1: each byte
+    comes from memory once, and the reads keep going through the whole phase."""
+    acc = carray(stack_f32(PAIR), PAIR)
+    for t in range(t0, t1, 2):
+        tb = min(t + 1, t1 - 1)
+        for g in range(0, q.shape[0], GROUP):
+            pair_scores(keys, h, t, tb, q, g, acc)
+            for r in range(GROUP):
+                row = (g + r) * scores.shape[1]
+                set16(scores, row + (t - t0) * TILE, acc, TILE * r)
+                if tb > t:
+                    set16(scores, row + (tb - t0) * TILE, acc, TILE * (GROUP + r))
 
 
 @kernel
@@ -336,25 +399,24 @@ def attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, par
     if t0 <= slot // TILE < t1 or (piece == pieces - 1 and slot // TILE >= t1):
         append(qkv, cos, sin, keys, values, slot, h, n_heads)
     q = queries(qkv, cos, sin, h, rep, hd)
-    scores = np.empty((rep, (t1 - t0) * TILE), np.float32)
-    acc = carray(stack_f32(128), 128)
-    tmp = carray(stack_f32(128), 128)
-    for t in range(t0, t1):
-        for r in range(rep):
-            tile_scores(keys, h, t, q[r * hd : (r + 1) * hd], acc, tmp)
-            set16(scores, r * scores.shape[1] + (t - t0) * TILE, acc, 0)
+    scores = np.empty((q.shape[0] // hd, (t1 - t0) * TILE), np.float32)
+    group_scores(keys, h, t0, t1, q.reshape((-1, hd)), scores)
     for r in range(rep):
         hq = h * rep + r
         sc = scores[r, : k1 - k0]
-        m = sc.max()
+        m = maximum(sc)
         s = np.float32(0)
         for i in range(k1 - k0):
             sc[i] = exp_neg(sc[i] - m)
             s += sc[i]
         top[hq, piece], total[hq, piece] = m, s
         part[hq, piece, :] = 0
-    at = (h * rep * pieces + piece) * hd
-    weigh_values(values, h, k0, k1, scores, part.reshape(-1), at, pieces * hd)
+    o = part.reshape(-1)
+    for i0 in range(k0, k1, CHUNK):  # every group's, while the chunk's values are in L1
+        for g in range(0, rep, GROUP):
+            at = ((h * rep + g) * pieces + piece) * hd
+            i1 = min(i0 + CHUNK, k1)
+            weigh_group(values, h, k0, i0, i1, scores, g, min(GROUP, rep - g), o, at, pieces * hd)
 
 
 @kernel

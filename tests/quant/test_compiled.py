@@ -151,6 +151,21 @@ def test_decode_attention_equals_numpy(kv, n_heads, n_kv, n):
     check_attention(kv, n_heads, n_kv, n, 64)
 
 
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 256, 300])
+def test_the_scores_maximum_is_numpys_nan_included(n):
+    """attention.maximum (16 lanes at a time) against np.max: any length, the maximum in
+    any lane or in the rest, and a NaN anywhere gives NaN."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    for i in {0, n // 2, n - 1}:
+        y = x.copy()
+        y[i] = 100
+        assert attention.maximum(y) == np.max(y) == 100
+        y[i] = np.nan
+        assert np.isnan(attention.maximum(y))
+    assert attention.maximum(-np.abs(x)) == np.max(-np.abs(x))
+
+
 def test_attention_pieces_cover_the_tiles_and_none_is_empty():
     for tiles in range(1, 5000):
         pieces, run = attention.split(tiles)
@@ -162,9 +177,9 @@ def test_attention_pieces_cover_the_tiles_and_none_is_empty():
 @pytest.mark.parametrize("hd", [2, 4, 6, 8, 10, 12, 14, 18, 20, 24, 28, 34, 36, 40, 72, 136, 250])
 @pytest.mark.parametrize("n", [1, 17, 300])
 def test_decode_attention_on_any_even_head_dim(kv, hd, n):
-    """head_dim that is not a multiple of the 8 accumulator chains or of the 16 vector
-    lanes: the kernel once wrote 16 lanes past such a head into its neighbour's sums (and
-    read past it), so every head_dim of 8 to 40 but 16 and 32 gave wrong tokens."""
+    """head_dim that is not a multiple of the 64 elements a weighing pass holds or of the
+    16 vector lanes: the kernel once wrote 16 lanes past such a head into its neighbour's
+    sums (and read past it), so every head_dim of 8 to 40 but 16 and 32 gave wrong tokens."""
     check_attention(kv, 6, 2, n, hd)
     check_attention(kv, 4, 1, n, hd)  # MQA
 

@@ -154,6 +154,27 @@ def set16(typingctx, dst, at, src, src_at):
 
 
 @intrinsic
+def max16(typingctx, dst, at, src, src_at):
+    """dst.flat[at:at + 16] = the lane-wise maximum of it and src.flat[src_at:src_at + 16]
+    (float32, C-contiguous), a NaN in either kept: one compare for greater, one for NaN,
+    one blend."""
+
+    def codegen(context, builder, sig, args):
+        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[2])(context, builder, args[2])
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
+        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        old, new = builder.load(dp, align=4), builder.load(sp, align=4)
+        take = builder.or_(
+            builder.fcmp_ordered(">", new, old), builder.fcmp_unordered("uno", new, new)
+        )
+        builder.store(builder.select(take, new, old), dp, align=4)
+
+    return types.void(dst, types.intp, src, types.intp), codegen
+
+
+@intrinsic
 def zero16(typingctx, dst, at):
     """dst.flat[at:at + 16] = 0 (float32, C-contiguous)."""
 
