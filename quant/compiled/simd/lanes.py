@@ -122,16 +122,21 @@ fma16_f16 = _fma_lanes("f16")  # ... with src float16 bits
 fma16_i8 = _fma_lanes("i8")  # ... with src int8 codes
 
 
+def _dst_src(context, builder, sig, args):
+    """The <16 x float> pointers of (dst, at, src, src_at): dst.flat[at], src.flat[src_at]."""
+    f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
+    d = context.make_array(sig.args[0])(context, builder, args[0])
+    s = context.make_array(sig.args[2])(context, builder, args[2])
+    dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
+    return dp, builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+
+
 @intrinsic
 def add16(typingctx, dst, at, src, src_at):
     """dst.flat[at:at + 16] += src.flat[src_at:src_at + 16] (float32, C-contiguous)."""
 
     def codegen(context, builder, sig, args):
-        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[2])(context, builder, args[2])
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        dp, sp = _dst_src(context, builder, sig, args)
         total = builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4))
         builder.store(total, dp, align=4)
 
@@ -143,11 +148,7 @@ def set16(typingctx, dst, at, src, src_at):
     """dst.flat[at:at + 16] = src.flat[src_at:src_at + 16] (float32, C-contiguous)."""
 
     def codegen(context, builder, sig, args):
-        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[2])(context, builder, args[2])
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        dp, sp = _dst_src(context, builder, sig, args)
         builder.store(builder.load(sp, align=4), dp, align=4)
 
     return types.void(dst, types.intp, src, types.intp), codegen
@@ -160,11 +161,7 @@ def max16(typingctx, dst, at, src, src_at):
     one blend."""
 
     def codegen(context, builder, sig, args):
-        f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
-        d = context.make_array(sig.args[0])(context, builder, args[0])
-        s = context.make_array(sig.args[2])(context, builder, args[2])
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), f32x16)
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), f32x16)
+        dp, sp = _dst_src(context, builder, sig, args)
         old, new = builder.load(dp, align=4), builder.load(sp, align=4)
         take = builder.or_(
             builder.fcmp_ordered(">", new, old), builder.fcmp_unordered("uno", new, new)
