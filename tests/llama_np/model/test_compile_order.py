@@ -1,0 +1,52 @@
+"""The one-call decode step and the calls one by one run the same compiled kernels whichever
+was compiled first: a fresh process with an empty kernel cache compiles one path before the
+other, each way round. In a file of its own: it compiles most kernels anew (minutes), and
+the test workers (scripts/test.sh) take a file at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.llama_np.model.test_decode_blocks import PROMPTS, decode, decode_batch, model_for
+
+# (case, kernels, KV format, which path runs first): each KV format makes decode_blocks a
+# specialization of its own, so the second run compiles it after the calls one by one
+ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call"),
+          ("q5_0 + q5_1 v, qwen2", "numba-f32", "f16", "call by call")]  # fmt: skip
+
+
+def compile_orders() -> None:
+    """Run in a fresh process with an empty kernel cache (test_the_same_bits_whatever_was_
+    compiled_first): compile one path before the other, each way round (a batch's step of
+    3 sequences the other way round from decode's), hold them equal,
+    and check that no out-of-line kernel was compiled twice for argument types that differ
+    only in a literal value, an integer's sign or width, or an array's write flag."""
+    from quant.compiled.jit import duplicate_specializations
+
+    for case, kernels, kv, first in ORDERS:
+        model = model_for(case, kernels)
+        order = [True, False] if first == "one call" else [False, True]
+        a, b = (decode(model, kv, one_call)[0] for one_call in order)
+        assert np.array_equal(a, b), (case, kernels, kv, first)
+        a, b = (decode_batch(model, kv, one_call, PROMPTS[:3])[0] for one_call in order[::-1])
+        assert np.array_equal(a, b), ("batch", case, kernels, kv, first)
+    assert not duplicate_specializations(), duplicate_specializations()
+
+
+@pytest.mark.slow
+def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
+    """The one call and the calls one by one run the same compiled row kernels, whichever
+    was compiled first and whatever the kernel cache held: compiled for types that differ
+    only in a literal (a caller's constant `add=False`), a kernel once became a second
+    specialization that LLVM optimized apart, and the two paths gave logits different in
+    the 7th digit on some CPUs and runs (after a run that had cached part of the kernels)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    code = "from tests.llama_np.model.test_compile_order import compile_orders; compile_orders()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
