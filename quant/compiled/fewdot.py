@@ -24,8 +24,13 @@ from .jit import kernel
 from .matvec import CHUNK, GROUP, PER, lane_sum, put, spread
 from .simd.int8 import q4_dot_n, q5_dot_n, q8_block_n
 from .simd.kquants import kn_block_q2, kn_block_q3, kn_block_q4, kn_block_q5, kn_block_q6
-from .simd.lanes import fma16_row_n_bf16, fma16_row_n_f16, fma16_row_n_f32, zero16
-from .simd.scalar import ahead, bf16, f16, f32, row, stack_f32
+from .simd.lanes import (
+    fma16_rows_n_bf16,
+    fma16_rows_n_f16,
+    fma16_rows_n_f32,
+    zero16,
+)
+from .simd.scalar import ahead, row, stack_f32
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)
 
@@ -134,42 +139,26 @@ def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, vs, c0, c1, add, out):
 
 
 @kernel(inline=True)
-def float_rows(w, x, vs, r, nr, add, out, fma, widen, acc):
+def float_rows(w, x, vs, r, nr, add, out, fma, acc):
     """out[vs[k], r:r + nr] (=, or += when add) rows r:r + nr (at most GROUP) of the float
-    weights w times each vector: 16 columns at a time, each row's weights loaded once for
-    every vector (`fma`: simd.lanes' fma16_row_n_ of w's kind) into 16 lanes of acc per
-    row and vector, the columns past the last 16 one by one (`widen`: w's element as
-    float32)."""
-    n, cols = len(vs), w.shape[1]
-    for i in range(GROUP * n):
-        zero16(acc, 16 * i)
-    full = cols // 16 * 16
-    if nr == GROUP:  # written out: acc's offsets constant, its lanes kept in registers
-        for j in range(0, full, 16):
-            fma(w, r, j, x, vs, acc, 0)
-            fma(w, r + 1, j, x, vs, acc, 16 * n)
-            fma(w, r + 2, j, x, vs, acc, 32 * n)
-            fma(w, r + 3, j, x, vs, acc, 48 * n)
-    else:
-        for j in range(0, full, 16):
-            for i in range(nr):
-                fma(w, r + i, j, x, vs, acc, 16 * n * i)
+    weights w times each vector: `fma` (simd.lanes' fma16_rows_n_ of w's kind) sums 16
+    lanes per row and vector in registers, each row's weights loaded once for every
+    vector, then each row's lanes are added up."""
+    n = len(vs)
+    fma(w, r, nr, x, vs, acc)
     for i in range(nr):
         for k in range(n):
-            s = lane_sum(acc, 16 * (n * i + k))
-            for j in range(full, cols):
-                s += widen(w[r + i, j]) * x[vs[k], j]
-            put(out[vs[k]], r + i, s, add)
+            put(out[vs[k]], r + i, lane_sum(acc, 16 * (n * i + k)), add)
 
 
 @kernel(inline=True)
-def rows_float(w, x, vs, c0, c1, add, out, fma, widen):
+def rows_float(w, x, vs, c0, c1, add, out, fma):
     """Chunks c0:c1 of out (B, rows) (=, or += when add) the vectors vs of x (B, cols)
     times the float weights w (rows, cols), GROUP rows at a time (float_rows)."""
     r0, end = c0 * CHUNK, min(w.shape[0], c1 * CHUNK)
     acc = carray(stack_f32(256), 256)  # 16 lanes x GROUP rows x FEW vectors
     for r in range(r0, end, GROUP):
-        float_rows(w, x, vs, r, min(GROUP, end - r), add, out, fma, widen, acc)
+        float_rows(w, x, vs, r, min(GROUP, end - r), add, out, fma, acc)
 
 
 # --- the formats' entries for matmat_few: (w: the weight's row operands, xs: igemm's
@@ -199,17 +188,17 @@ def few_k(w, xs, vs, c0, c1, add, out):
 
 @kernel
 def few_f32(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_row_n_f32, f32)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f32)
 
 
 @kernel
 def few_f16(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_row_n_f16, f16)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f16)
 
 
 @kernel
 def few_bf16(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_row_n_bf16, bf16)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_bf16)
 
 
 @kernel(parallel=True)

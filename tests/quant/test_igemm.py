@@ -86,6 +86,23 @@ def test_float_batches_equal_the_dequantized_product(fmt, rows, cols, b):
     assert np.abs(batch(w, x, "f32", add=start) - (start + want)).max() <= tol
 
 
+@pytest.mark.parametrize("b", [2, 3, FEW])
+@pytest.mark.parametrize("cols", [7, 16, 40, 100])
+@pytest.mark.parametrize("rows", [1, 3, 4, 15, 17, 50])
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_a_few_float_vectors_each_get_their_bits_alone(fmt, rows, cols, b):
+    """Up to FEW vectors on a float format (fewdot.float_rows: a group of 4 rows in one
+    register loop, the rows past the last group one by one): each vector's products are
+    the ones it gets as a batch of one, bit for bit, at widths that are not multiples of
+    16, whatever the other vectors hold (one of them inf)."""
+    rng = np.random.default_rng(rows * cols + b)
+    w = FORMATS[fmt].from_float(rng.standard_normal((rows, cols)).astype(np.float32))
+    x = rng.standard_normal((b, cols)).astype(np.float32)
+    x[-1, -1] = np.inf
+    alone = np.concatenate([batch(w, x[k : k + 1], "f32") for k in range(b)])
+    np.testing.assert_array_equal(batch(w, x, "f32"), alone)
+
+
 @pytest.mark.parametrize("dot", BITS)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_a_vector_with_nan_gives_nan_only_in_its_row(fmt, dot):

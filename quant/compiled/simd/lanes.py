@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
+
+from .panels import accumulate
 
 LANES = 16
 
@@ -214,55 +217,104 @@ fma16_f16v = _vv("f16", True)  # acc[at:at + 16] += float16 a[a_at:a_at + 16] * 
 mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]
 
 
-def _row_lanes(builder, context, sig, args, kind: str):
-    """16 weights of row args[1] of the 2-D C-contiguous args[0] from column args[2], as
-    <16 x float>: float32, or float16 / bfloat16 bit patterns (uint16) widened."""
-    ary = context.make_array(sig.args[0])(context, builder, args[0])
-    width = builder.extract_value(ary.shape, 1)
-    r, j = (v if v.type == width.type else builder.sext(v, width.type) for v in args[1:3])
-    ptr = builder.gep(ary.data, [builder.add(builder.mul(r, width), j)])
+def _widened(builder, ptr, kind: str):
+    """16 weights at ptr as <16 x float>: float32, or float16 / bfloat16 bits widened."""
+    return _masked(builder, ptr, kind, None)
+
+
+def _masked(builder, ptr, kind: str, mask):
+    """16 elements at ptr as <16 x float> (`kind`: float32, float16 or bfloat16 bits),
+    only the lanes of `mask` (<16 x i1>) read and the others zero; all when mask is None."""
     f32x16 = ir.VectorType(ir.FloatType(), LANES)
+    vt = f32x16 if kind == "f32" else ir.VectorType(ir.IntType(16), LANES)
+    p = builder.bitcast(ptr, vt.as_pointer())
+    if mask is None:
+        v = builder.load(p, align=4 if kind == "f32" else 2)
+    else:
+        name = "llvm.masked.load.v16f32.p0" if kind == "f32" else "llvm.masked.load.v16i16.p0"
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vt, [vt.as_pointer(), i32, mask.type, vt]), name
+        )
+        v = builder.call(fn, [p, ir.Constant(i32, 2), mask, ir.Constant(vt, None)])
     if kind == "f32":
-        return builder.load(builder.bitcast(ptr, f32x16.as_pointer()), align=4)
-    bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), LANES).as_pointer()),
-                        align=2)  # fmt: skip
+        return v
     if kind == "f16":
-        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), f32x16)
-    wide = builder.shl(builder.zext(bits, ir.VectorType(ir.IntType(32), LANES)),
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), LANES)), f32x16)
+    wide = builder.shl(builder.zext(v, ir.VectorType(ir.IntType(32), LANES)),
                        ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))  # fmt: skip
     return builder.bitcast(wide, f32x16)
 
 
-def _row_fma_n(kind: str):
-    def fma16_row_n(typingctx, w, r, j, x, vs, acc, at):
-        """For each vector k of vs (a tuple of rows of the 2-D C-contiguous float32 x):
-        acc[at + 16 k : at + 16 k + 16] += w[r, j:j + 16] * x[vs[k], j:j + 16]. The
-        weights are loaded (and widened: `kind` f32, f16, bf16) once for every vector."""
+def _i64(builder, v):
+    return v if v.type == I64 else builder.sext(v, I64)
+
+
+I64 = ir.IntType(64)
+GROUP_ROWS = 4  # rows fma16_rows_n takes: a group of the compiled layout (matvec.GROUP)
+
+
+def _rows_fma_n(kind: str):
+    def fma16_rows_n(typingctx, w, r, nr, x, vs, acc):
+        """acc[16 (n i + k) : 16 (n i + k) + 16] = the lanes of w[r + i] * x[vs[k]] summed
+        16 columns at a time, for the rows i < nr (at most 4; the others read row r and are
+        not to be used) of the 2-D C-contiguous `w` (`kind`: float32, or float16 /
+        bfloat16 bits widened) and the n vectors k of vs (rows of the float32 x): one loop
+        with the 4 n accumulators in registers, each weight loaded once for every vector,
+        and the columns past the last 16 in one masked step. Each vector's lanes are the
+        same whichever vectors are beside it. (A loop of one-row calls left the
+        accumulators in memory, a load and a store around every FMA, read in the assembly;
+        and a scalar loop over the last columns summed them in a different order for 4
+        vectors than for 1, LLVM vectorizing the other way.)"""
 
         def codegen(context, builder, sig, args):
-            lanes = _row_lanes(builder, context, sig, args, kind)
-            f32x16 = ir.VectorType(ir.FloatType(), LANES)
+            wa = context.make_array(sig.args[0])(context, builder, args[0])
             xa = context.make_array(sig.args[3])(context, builder, args[3])
-            width = builder.extract_value(xa.shape, 1)
             acc = context.make_array(sig.args[5])(context, builder, args[5])
-            j = args[2] if args[2].type == width.type else builder.sext(args[2], width.type)
-            for k in range(sig.args[4].count):
-                v = builder.extract_value(args[4], k)
-                v = v if v.type == width.type else builder.sext(v, width.type)
-                xp = builder.gep(xa.data, [builder.add(builder.mul(v, width), j)])
-                xv = builder.load(builder.bitcast(xp, f32x16.as_pointer()), align=4)
-                at = builder.add(args[6], ir.Constant(args[6].type, LANES * k))
-                ap = builder.bitcast(builder.gep(acc.data, [at]), f32x16.as_pointer())
-                total = builder.fadd(builder.load(ap, align=4),
-                                     builder.fmul(lanes, xv, flags=["contract"]),
-                                     flags=["contract"])  # fmt: skip
-                builder.store(total, ap, align=4)
+            cols = builder.extract_value(wa.shape, 1)
+            r, nr = (_i64(builder, v) for v in args[1:3])
+            n = sig.args[4].count
+            wrows = []
+            for i in range(GROUP_ROWS):
+                ok = builder.icmp_signed("<", ir.Constant(I64, i), nr)
+                row = builder.add(r, builder.select(ok, ir.Constant(I64, i), ir.Constant(I64, 0)))
+                wrows.append(builder.gep(wa.data, [builder.mul(row, cols)]))
+            xwidth = builder.extract_value(xa.shape, 1)
+            xrows = []
+            for k in range(n):
+                v = _i64(builder, builder.extract_value(args[4], k))
+                xrows.append(builder.gep(xa.data, [builder.mul(v, xwidth)]))
 
-        return types.void(w, types.intp, types.intp, x, vs, acc, types.intp), codegen
+            def step(j, accs, mask=None):
+                xs = [_masked(builder, builder.gep(p, [j]), "f32", mask) for p in xrows]
+                new = []
+                for i in range(GROUP_ROWS):
+                    lanes = _masked(builder, builder.gep(wrows[i], [j]), kind, mask)
+                    for k in range(n):
+                        product = builder.fmul(lanes, xs[k], flags=["contract"])
+                        new.append(builder.fadd(accs[n * i + k], product, flags=["contract"]))
+                return new
 
-    fma16_row_n.__name__ = f"fma16_row_n_{kind}"
-    return intrinsic(fma16_row_n)
+            full = builder.mul(builder.sdiv(cols, ir.Constant(I64, LANES)), ir.Constant(I64, LANES))
+            sums = accumulate(builder, full, LANES, GROUP_ROWS * n, step, "rows_n")
+            left = builder.trunc(builder.sub(cols, full), ir.IntType(32))
+            lanes_ = ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))
+            mask = builder.icmp_signed("<", lanes_, _splat(builder, left))
+            tail = step(full, sums, mask)  # an empty mask reads nothing
+            some = builder.icmp_signed(">", cols, full)
+            merged = [builder.select(some, t, v) for t, v in zip(tail, sums, strict=True)]
+            f32x16 = ir.VectorType(ir.FloatType(), LANES)
+            for at, value in enumerate(merged):
+                ap = builder.gep(acc.data, [ir.Constant(I64, LANES * at)])
+                builder.store(value, builder.bitcast(ap, f32x16.as_pointer()), align=4)
+
+        return types.void(w, types.intp, types.intp, x, vs, acc), codegen
+
+    fma16_rows_n.__name__ = f"fma16_rows_n_{kind}"
+    return intrinsic(fma16_rows_n)
 
 
-# rows of float weights times several vectors (fewdot.rows_float)
-fma16_row_n_f32, fma16_row_n_f16, fma16_row_n_bf16 = (_row_fma_n(k) for k in ("f32", "f16", "bf16"))
+# a group of 4 rows of float weights times several vectors (fewdot.float_rows)
+fma16_rows_n_f32, fma16_rows_n_f16, fma16_rows_n_bf16 = (
+    _rows_fma_n(k) for k in ("f32", "f16", "bf16")
+)
