@@ -24,12 +24,7 @@ from .jit import kernel
 from .matvec import CHUNK, GROUP, PER, lane_sum, put, spread
 from .simd.int8 import q4_dot_n, q5_dot_n, q8_block_n
 from .simd.kquants import kn_block_q2, kn_block_q3, kn_block_q4, kn_block_q5, kn_block_q6
-from .simd.lanes import (
-    fma16_rows_n_bf16,
-    fma16_rows_n_f16,
-    fma16_rows_n_f32,
-    zero16,
-)
+from .simd.lanes import fma16_rows_n_bf16, fma16_rows_n_f16, fma16_rows_n_f32, zero16
 from .simd.scalar import ahead, row, stack_f32
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)

@@ -217,11 +217,6 @@ fma16_f16v = _vv("f16", True)  # acc[at:at + 16] += float16 a[a_at:a_at + 16] * 
 mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]
 
 
-def _widened(builder, ptr, kind: str):
-    """16 weights at ptr as <16 x float>: float32, or float16 / bfloat16 bits widened."""
-    return _masked(builder, ptr, kind, None)
-
-
 def _masked(builder, ptr, kind: str, mask):
     """16 elements at ptr as <16 x float> (`kind`: float32, float16 or bfloat16 bits),
     only the lanes of `mask` (<16 x i1>) read and the others zero; all when mask is None."""
