@@ -5,16 +5,10 @@ from tests.helpers import SP_CORPUS, build_hf_model
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/integration is slow (real models, references, fuzzing,
-    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests.
-    The files with a `cold_compile` test run first."""
+    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests."""
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.slow)
-    # The files of tests that compile the kernels anew in a process of their own (minutes
-    # each) first: scripts/test.sh's two workers take a file at a time in this order, so
-    # the other worker runs the rest beside them instead of waiting at the end.
-    first = {item.path for item in items if item.get_closest_marker("cold_compile")}
-    items.sort(key=lambda item: item.path not in first)
 
 
 @pytest.fixture(scope="session")

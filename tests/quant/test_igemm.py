@@ -136,7 +136,6 @@ PATH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.cold_compile
 @pytest.mark.slow  # compiles the batch kernels anew for another CPU
 @pytest.mark.parametrize("path", ["vpmaddubsw", "generic"])
 def test_batches_on_other_instruction_paths(path, tmp_path):

@@ -219,7 +219,6 @@ PATHS = {  # instruction: environment, whether this test machine can run it
 }  # fmt: skip
 
 
-@pytest.mark.cold_compile
 @pytest.mark.slow  # compiles the integer kernels anew for each CPU: ~15 s each
 @pytest.mark.parametrize("path", PATHS)
 def test_each_instruction_path(path, tmp_path):

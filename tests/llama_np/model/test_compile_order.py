@@ -38,7 +38,6 @@ def compile_orders() -> None:
     assert not duplicate_specializations(), duplicate_specializations()
 
 
-@pytest.mark.cold_compile
 @pytest.mark.slow
 def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
     """The one call and the calls one by one run the same compiled row kernels, whichever
