@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .panels import accumulate
+from .panels import I16x16, accumulate, first_lanes, masked_load, widen
 
 LANES = 16
 
@@ -220,25 +219,13 @@ mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]
 def _masked(builder, ptr, kind: str, mask):
     """16 elements at ptr as <16 x float> (`kind`: float32, float16 or bfloat16 bits),
     only the lanes of `mask` (<16 x i1>) read and the others zero; all when mask is None."""
-    f32x16 = ir.VectorType(ir.FloatType(), LANES)
-    vt = f32x16 if kind == "f32" else ir.VectorType(ir.IntType(16), LANES)
+    vt = ir.VectorType(ir.FloatType(), LANES) if kind == "f32" else I16x16
     p = builder.bitcast(ptr, vt.as_pointer())
     if mask is None:
         v = builder.load(p, align=4 if kind == "f32" else 2)
     else:
-        name = "llvm.masked.load.v16f32.p0" if kind == "f32" else "llvm.masked.load.v16i16.p0"
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vt, [vt.as_pointer(), i32, mask.type, vt]), name
-        )
-        v = builder.call(fn, [p, ir.Constant(i32, 2), mask, ir.Constant(vt, None)])
-    if kind == "f32":
-        return v
-    if kind == "f16":
-        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), LANES)), f32x16)
-    wide = builder.shl(builder.zext(v, ir.VectorType(ir.IntType(32), LANES)),
-                       ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))  # fmt: skip
-    return builder.bitcast(wide, f32x16)
+        v = masked_load(builder, p, vt, mask)
+    return v if kind == "f32" else widen(builder, v, kind)
 
 
 def _i64(builder, v):
@@ -292,9 +279,7 @@ def _rows_fma_n(kind: str):
 
             full = builder.mul(builder.sdiv(cols, ir.Constant(I64, LANES)), ir.Constant(I64, LANES))
             sums = accumulate(builder, full, LANES, GROUP_ROWS * n, step, "rows_n")
-            left = builder.trunc(builder.sub(cols, full), ir.IntType(32))
-            lanes_ = ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))
-            mask = builder.icmp_signed("<", lanes_, _splat(builder, left))
+            mask = first_lanes(builder, builder.trunc(builder.sub(cols, full), ir.IntType(32)))
             tail = step(full, sums, mask)  # an empty mask reads nothing
             some = builder.icmp_signed(">", cols, full)
             merged = [builder.select(some, t, v) for t, v in zip(tail, sums, strict=True)]

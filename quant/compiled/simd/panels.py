@@ -538,12 +538,31 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
 FLOAT_VECTORS = 8  # vectors a float tile multiplies by one panel
 
 
-def _widen(builder, v, kind: str):
+I16x16 = ir.VectorType(ir.IntType(16), 16)
+
+
+def widen(builder, v, kind: str):
     """<16 x i16> float16 or bfloat16 bits -> <16 x float>."""
     if kind == "f16":
         return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), F32x16)
     wide = builder.shl(builder.zext(v, I32x16), ir.Constant(I32x16, [16] * 16))
     return builder.bitcast(wide, F32x16)
+
+
+def masked_load(builder, ptr, vt, mask, align: int = 2):
+    """vt (<16 x float> or <16 x i16>) at ptr, only the lanes of mask (<16 x i1>) read and
+    the others zero: a lane masked off never faults."""
+    name = "llvm.masked.load.v16f32.p0" if vt == F32x16 else "llvm.masked.load.v16i16.p0"
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vt, [vt.as_pointer(), I32, mask.type, vt]), name
+    )
+    return builder.call(fn, [ptr, const(align, I32), mask, ir.Constant(vt, None)])
+
+
+def first_lanes(builder, count):
+    """<16 x i1>: the lanes below count (an i32)."""
+    return builder.icmp_signed("<", ir.Constant(I32x16, list(range(16))),
+                               splat(builder, count, I32x16))  # fmt: skip
 
 
 def _panel_float(kind: str):
@@ -558,15 +577,10 @@ def _panel_float(kind: str):
             w_, r0, nrows, k0, dst_ = args
             ary = context.make_array(sig.args[0])(context, builder, w_)
             cols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
-            vt = F32x16 if kind == "f32" else ir.VectorType(ir.IntType(16), 16)
+            vt = F32x16 if kind == "f32" else I16x16
             i1x16 = ir.VectorType(ir.IntType(1), 16)
-            name = "llvm.masked.load.v16f32.p0" if kind == "f32" else "llvm.masked.load.v16i16.p0"
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vt, [vt.as_pointer(), I32, i1x16, vt]), name
-            )
-            left = builder.trunc(builder.sub(cols, k0), I32)  # columns from k0 to the end
-            lanes = builder.icmp_signed("<", ir.Constant(I32x16, list(range(16))),
-                                        splat(builder, left, I32x16))  # fmt: skip
+            # the columns from k0 to the end
+            lanes = first_lanes(builder, builder.trunc(builder.sub(cols, k0), I32))
             rows = []
             for r in range(16):
                 ok = builder.icmp_signed("<", const(r), nrows)
@@ -577,9 +591,9 @@ def _panel_float(kind: str):
                 row = builder.add(r0, builder.select(ok, const(r), const(0)))
                 at = builder.add(builder.mul(row, cols), k0)
                 p = builder.bitcast(builder.gep(ary.data, [at]), vt.as_pointer())
-                v = builder.call(fn, [p, const(2, I32), mask, ir.Constant(vt, None)])
+                v = masked_load(builder, p, vt, mask)
                 rows.append(
-                    builder.bitcast(v if kind == "f32" else _widen(builder, v, kind), I32x16)
+                    builder.bitcast(v if kind == "f32" else widen(builder, v, kind), I32x16)
                 )
             dst = builder.bitcast(array_ptr(context, builder, sig.args[4], dst_, const(0)),
                                   F32.as_pointer())  # fmt: skip
@@ -655,9 +669,6 @@ def put_rows(context, builder, out_ty, out_, orows: list, r0, nrows, add, accs):
     store_fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [F32x16, f32p, I32, i1x16]),
         "llvm.masked.store.v16f32.p0")  # fmt: skip
-    load_fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(F32x16, [f32p, I32, i1x16, F32x16]),
-        "llvm.masked.load.v16f32.p0")  # fmt: skip
     bits = builder.bitcast(builder.trunc(mask, ir.IntType(16)), i1x16)
     adding = builder.icmp_signed("!=", add, const(0))
     for orow, acc in zip(orows, accs, strict=True):
@@ -666,6 +677,6 @@ def put_rows(context, builder, out_ty, out_, orows: list, r0, nrows, add, accs):
                 builder.gep(obase, [builder.mul(orow, ostride)]), F32.as_pointer()
             )
             p = builder.bitcast(builder.gep(row, [r0]), f32p)
-            old = builder.call(load_fn, [p, const(4, I32), bits, ir.Constant(F32x16, None)])
+            old = masked_load(builder, p, F32x16, bits, align=4)
             builder.call(store_fn, [builder.select(adding, builder.fadd(old, acc), acc), p,
                                     const(4, I32), bits])  # fmt: skip
