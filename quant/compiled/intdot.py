@@ -34,7 +34,7 @@ from ..ggml import BLOCK
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put
-from .simd.int8 import q4_dot, q5_dot, q8_block
+from .simd.int8 import q4_dot, q5_dot, q8_block, quantize_block, sum16
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 from .simd.lanes import fma16_f16v, mul16_f16v, zero16
 from .simd.scalar import ahead, f16, row, stack_f32
@@ -48,27 +48,10 @@ def quantize_x(x, xq, xd, xsum, lo):
     xq[:nb * 32]) or 16256 (q is int16: its high bytes h = (q + 64) >> 7 in xq[:nb * 32],
     its low bytes q - 128 h, -64..63, lo further on). A block holding NaN or infinity
     gets q = 0 and d = NaN, so every product with it is NaN, as in float: rounded, a NaN
-    would become ordinary integers and the logits finite garbage."""
-    top = np.float32(16256) if lo else np.float32(127)
+    would become ordinary integers and the logits finite garbage. One block in vector
+    registers at a time (simd/int8.quantize_block)."""
     for b in range(xd.shape[0]):
-        amax, finite = np.float32(0), True
-        for j in range(BLOCK):
-            a = abs(x[BLOCK * b + j])
-            amax = max(amax, a)
-            finite &= a < np.float32(np.inf)  # false for infinity and NaN alike
-        inv = top / amax if amax > 0 and finite else np.float32(0)
-        s = np.int32(0)
-        for j in range(BLOCK):
-            q = np.int32(np.rint(x[BLOCK * b + j] * inv)) if finite else np.int32(0)
-            if lo:
-                h = (q + 64) >> 7
-                xq[BLOCK * b + j] = h
-                xq[lo + BLOCK * b + j] = q - 128 * h
-            else:
-                xq[BLOCK * b + j] = q
-            s += q
-        xd[b] = amax / top if finite else np.float32(np.nan)
-        xsum[b] = s
+        quantize_block(x, xq, xd, xsum, b, lo)
 
 
 @kernel(inline=True)
@@ -179,12 +162,8 @@ def per16(xq, xd, lo, xd16, xb16):
     """For x rounded by quantize_x (xq, xd, lo), per 16 values: xd16 their block's scale,
     xb16 the scale times the sum of their integers: the operands of the K-quant kernels."""
     for h in range(xd16.shape[0]):
-        s = np.int32(0)
-        for j in range(16):
-            q = np.int32(xq[16 * h + j])
-            s += 128 * q + np.int32(xq[lo + 16 * h + j]) if lo else q
         xd16[h] = xd[h // 2]
-        xb16[h] = xd[h // 2] * np.float32(s)
+        xb16[h] = xd[h // 2] * np.float32(sum16(xq, 16 * h, lo))
 
 
 @kernel(inline=True)

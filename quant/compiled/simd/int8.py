@@ -406,3 +406,111 @@ def q5_dot_n(typingctx, acc, codes, co, bits, bo, xq, vs, xo, sc, so, lo):
     sig = types.void(acc, codes, types.intp, bits, types.intp, xq, vs, types.intp, sc,
                      types.intp, types.intp)  # fmt: skip
     return sig, codegen
+
+
+# --- x rounded to integers (intdot.quantize_x), one block of 32 values at a time
+
+F32 = ir.FloatType()
+ABS = ir.Constant(I32x16, [0x7FFFFFFF] * 16)
+INF_BITS = 0x7F800000  # the bits of +infinity: |x|'s bits below them iff x is finite
+I8x16 = ir.VectorType(I8, 16)
+
+
+def _i32(n: int):
+    return ir.Constant(I32, n)
+
+
+@intrinsic
+def quantize_block(typingctx, x, xq, xd, xsum, b, lo):
+    """Block b of x (32 float32) rounded as intdot.quantize_x rounds it: q = rint(x top /
+    max|x|) into xq (int16: high bytes h = (q + 64) >> 7, low ones q - 128 h lo further
+    on), xd[b] = max|x| / top, xsum[b] = sum(q); top 16256 when lo, else 127. A block with
+    NaN or infinity: q = 0 and xd[b] NaN. max|x| is the largest of the values' bits with the
+    sign cleared (the same order as the floats for finite values, and infinity and NaN
+    above them all): vpandd, vpmaxud, vmulps, vrndscaleps, vcvttps2dq. Arrays C-contiguous."""
+    if not all(isinstance(a, types.Array) and a.layout == "C" for a in (x, xq, xd, xsum)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x_, xq_, xd_, xsum_ = (context.make_array(t)(context, builder, a).data
+                               for t, a in zip(sig.args[:4], args[:4], strict=True))  # fmt: skip
+        b_, lo_ = args[4:]
+        at = builder.mul(b_, ir.Constant(b_.type, 32))
+        xs = [_load_f32x16(builder, builder.gep(x_, [_plus(builder, at, 16 * k)]))
+              for k in range(2)]  # fmt: skip
+        bits = [builder.and_(builder.bitcast(v, I32x16), ABS) for v in xs]
+        top_bits = _call(builder, "llvm.vector.reduce.umax.v16i32", I32,
+                         [_call(builder, "llvm.umax.v16i32", I32x16, bits)])  # fmt: skip
+        finite = builder.icmp_unsigned("<", top_bits, _i32(INF_BITS))
+        amax = builder.bitcast(top_bits, F32)
+        wide = builder.icmp_signed("!=", lo_, ir.Constant(lo_.type, 0))
+        top = builder.select(wide, ir.Constant(F32, 16256.0), ir.Constant(F32, 127.0))
+        qs = _rounded(builder, xs, finite, amax, top)
+        total = _call(builder, "llvm.vector.reduce.add.v16i32", I32, [builder.add(*qs)])
+        _store_codes(builder, xq_, at, lo_, wide, qs)
+        nan = ir.Constant(F32, float("nan"))
+        builder.store(builder.select(finite, builder.fdiv(amax, top), nan),
+                      builder.gep(xd_, [b_]))  # fmt: skip
+        builder.store(total, builder.gep(xsum_, [b_]))
+        return context.get_dummy_value()
+
+    return types.void(x, xq, xd, xsum, types.intp, types.intp), codegen
+
+
+def _plus(builder, i, n: int):
+    return builder.add(i, ir.Constant(i.type, n))
+
+
+def _rounded(builder, xs, finite, amax, top) -> list:
+    """The <16 x i32> rint(x top / amax) of each <16 x float> in xs, zeros unless finite
+    (and for a block of zeros: amax 0)."""
+    usable = builder.and_(finite, builder.fcmp_ordered(">", amax, ir.Constant(F32, 0.0)))
+    inv = builder.select(usable, builder.fdiv(top, amax), ir.Constant(F32, 0.0))
+    one = ir.Constant(ir.VectorType(F32, 1), ir.Undefined)
+    inv16 = _repeat(builder, builder.insert_element(one, inv, _i32(0)), 16)
+    zero = ir.Constant(I32x16, None)
+    out = []
+    for v in xs:
+        r = _call(builder, "llvm.rint.v16f32", F32x16, [builder.fmul(v, inv16)])
+        out.append(builder.select(finite, builder.fptosi(r, I32x16), zero))
+    return out
+
+
+def _load_f32x16(builder, ptr):
+    return builder.load(builder.bitcast(ptr, F32x16.as_pointer()), align=4)
+
+
+def _store_codes(builder, xq, at, lo, wide, qs):
+    """The block's integers q (two <16 x i32>) into xq from `at`: as int8, or where `wide`
+    as high bytes h = (q + 64) >> 7 and, lo further on, low ones q - 128 h."""
+    seven = ir.Constant(I32x16, [7] * 16)
+    for k, q in enumerate(qs):
+        h = builder.select(wide, builder.ashr(builder.add(q, ir.Constant(I32x16, [64] * 16)),
+                                              seven), q)  # fmt: skip
+        p = builder.gep(xq, [_plus(builder, at, 16 * k)])
+        builder.store(builder.trunc(h, I8x16), builder.bitcast(p, I8x16.as_pointer()), align=1)
+        with builder.if_then(wide):
+            low = builder.sub(q, builder.shl(h, seven))
+            p = builder.gep(p, [lo])
+            builder.store(builder.trunc(low, I8x16), builder.bitcast(p, I8x16.as_pointer()),
+                          align=1)  # fmt: skip
+
+
+@intrinsic
+def sum16(typingctx, xq, at, lo):
+    """The sum of the 16 integers of x from xq[at] as quantize_block stores them: int8, or
+    where lo != 0, 128 h + l with l lo further on (vpmovsxbd, vpslld, vpaddd)."""
+    if not (isinstance(xq, types.Array) and xq.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        xq_, at_, lo_ = args
+        p = builder.gep(context.make_array(sig.args[0])(context, builder, xq_).data, [at_])
+        h = builder.sext(builder.load(builder.bitcast(p, I8x16.as_pointer()), align=1), I32x16)
+        low = builder.load(builder.bitcast(builder.gep(p, [lo_]), I8x16.as_pointer()), align=1)
+        wide = builder.icmp_signed("!=", lo_, ir.Constant(lo_.type, 0))
+        v = builder.select(wide, builder.add(builder.shl(h, ir.Constant(I32x16, [7] * 16)),
+                                             builder.sext(low, I32x16)), h)  # fmt: skip
+        return _call(builder, "llvm.vector.reduce.add.v16i32", I32, [v])
+
+    return types.int32(xq, types.intp, types.intp), codegen
