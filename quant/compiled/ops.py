@@ -5,9 +5,10 @@ a call here ~0.3 us). float32 throughout."""
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from .jit import kernel
-from .simd.scalar import pow2
+from .simd.scalar import pow2, recip
 
 # --- exp that vectorizes -----------------------------------------------------------------
 
@@ -48,7 +49,7 @@ def swiglu(gate_up, out):
     for i in range(n):
         g = gate_up[i]
         e = exp_neg(-abs(g))
-        sig = np.float32(1) / (np.float32(1) + e)
+        sig = recip(np.float32(1) + e)  # vectorizes, where `/` would not
         if g < 0:
             sig = e * sig
         out[i] = g * sig * gate_up[n + i]
@@ -82,11 +83,11 @@ def prepare(x, norm, eps, mode):
     return prologue(x, norm, eps, mode)
 
 
-@kernel
+@kernel(parallel=True)
 def prepare_rows(x, norm, eps, mode, out):
     """prologue() of every row of x (B, n) into out (B, n or n / 2): each row the very
-    arithmetic a decode step applies to its one vector."""
-    for v in range(x.shape[0]):
+    arithmetic a decode step applies to its one vector, the rows shared by the threads."""
+    for v in prange(x.shape[0]):
         if mode == NORM:
             rmsnorm(x[v], norm, eps, out[v])
         else:

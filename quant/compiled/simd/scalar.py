@@ -87,6 +87,17 @@ def pow2(typingctx, n):
 
 
 @intrinsic
+def recip(typingctx, x):
+    """1 / x for a float32 x, one division (vdivps in a vectorized loop): numba's own `/`
+    checks for a zero divisor and raises, a branch that keeps the loop around it scalar."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fdiv(ir.Constant(ir.FloatType(), 1.0), args[0])
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
 def f16x4(typingctx, src, i, dst):
     """dst[0:4] = the float16 values src[i:i+4] as float32, in one vector conversion. A
     scalar float16 load is an insert into a vector register that LLVM merges with whatever
