@@ -21,7 +21,14 @@ from numba import get_thread_id, prange
 from .intdot import per16, quantize_x
 from .jit import kernel
 from .simd import AVX512
-from .simd.broadcast import TILE_LANES, TILE_ROWS, bcast_tile1, bcast_tile2
+from .simd.broadcast import (
+    NARROW_LANES,
+    TILE_LANES,
+    TILE_ROWS,
+    bcast_tile1,
+    bcast_tile2,
+    bcast_tile8,
+)
 from .simd.panels import (
     FLOAT_VECTORS,
     VECTORS,
@@ -181,13 +188,14 @@ def matmat_float(decode, w, x, add, out, panels):
 
 @kernel(parallel=True)
 def transpose_groups(x, xt):
-    """xt[g, k, l] = x[16 g + l, k], zeros past x's last row: x (B, cols) as the float
-    tiles read it (xt: (groups, cols, 16))."""
+    """xt[g, k, l] = x[L g + l, k], zeros past x's last row: x (B, cols) as the float
+    tiles read it (xt: (groups, cols, L), L = 16 lanes, or NARROW_LANES)."""
     b, cols = x.shape
+    lanes = xt.shape[2]
     for g in prange(xt.shape[0]):
         for k in range(cols):
-            for l in range(TILE_LANES):
-                v = TILE_LANES * g + l
+            for l in range(lanes):
+                v = lanes * g + l
                 xt[g, k, l] = x[v, k] if v < b else np.float32(0)
 
 
@@ -195,13 +203,18 @@ def transpose_groups(x, xt):
 def matmat_bcast(w, xt, nvec, add, out):
     """out (B, rows) (=, or += when add) X @ W.T for row-major float32 weights, X as
     transpose_groups lays it out: tiles of TILE_ROWS rows x 32 vectors (x 16 for an odd
-    last group, and every group on AVX2; simd/broadcast.py), a tile's rows read from memory
-    once for all groups."""
+    last group, and every group on AVX2; x 8 in narrow lanes for B <= 8; simd/broadcast.py),
+    a tile's rows read from memory once for all groups."""
     rows, groups = w.shape[0], xt.shape[0]
-    pairs = groups // 2 if AVX512 else 0  # AVX2's 16 registers hold one group's 8 rows
+    narrow = xt.shape[2] == NARROW_LANES
+    # two groups a tile: AVX2's 16 registers hold only one group's 8 rows
+    pairs = groups // 2 if AVX512 and not narrow else 0
     for p in prange(-(-rows // TILE_ROWS)):
         r0 = TILE_ROWS * p
         n = min(TILE_ROWS, rows - r0)
+        if narrow:
+            bcast_tile8(w, r0, n, xt, 0, nvec, add, out)
+            continue
         for g in range(0, 2 * pairs, 2):
             bcast_tile2(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
         for g in range(2 * pairs, groups):
@@ -210,7 +223,8 @@ def matmat_bcast(w, xt, nvec, add, out):
 
 def matmat_f32(w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
     """out (B, rows) (=, or += when add) x (B, cols) @ w.T for row-major float32 weights:
-    x transposed (transpose_groups), then matmat_bcast."""
-    xt = np.empty((-(-x.shape[0] // TILE_LANES), x.shape[1], TILE_LANES), np.float32)
+    x transposed (transpose_groups: in 8 lanes for B <= 8), then matmat_bcast."""
+    lanes = NARROW_LANES if x.shape[0] <= NARROW_LANES else TILE_LANES
+    xt = np.empty((-(-x.shape[0] // lanes), x.shape[1], lanes), np.float32)
     transpose_groups(x, xt)
     matmat_bcast(w, xt, x.shape[0], add, out)

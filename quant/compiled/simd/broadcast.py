@@ -8,6 +8,8 @@ group with w[r, k] broadcast from memory (`vfmadd231ps m32{1to16}`). The rows ar
 stored, a stream of 4 bytes a column each, and no panel is built: the float panels
 (simd/panels.py) transpose 16 rows into a buffer first, a fixed cost of ~1.75 decode
 passes. At the end the accumulators are transposed into each vector's rows and stored.
+A product of at most 8 vectors takes groups of 8 (NARROW_LANES): 256-bit FMAs, half the
+arithmetic of a group of 16 with half its lanes empty.
 float16 and bfloat16 weights keep the panels: widening a broadcast weight costs more
 instructions than the fused multiply-add it feeds (f16, 16 vectors: 1.7x the panels'
 time on 3072 x 576).
@@ -24,41 +26,50 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .panels import F32x16, I32x16, accumulate, const, put_rows, splat, transpose16
+from .panels import F32x16, I32x16, accumulate, const, put_rows, shuffle, splat, transpose16
 
 TILE_ROWS = 8  # rows of a tile: one accumulator per group of vectors
 TILE_LANES = 16  # vectors of a group: the accumulators' lanes
+NARROW_LANES = 8  # a product of at most 8 vectors: groups of 8 lanes
 
 
-def _loop(builder, wrow, xbase, cols):
-    """The loop over the columns: per group j and row r, acc[j][r] += w[r, k] xt[j, k];
-    returns the accumulators, by group then row (zeros when cols is 0)."""
-    rows = len(wrow)
+def _loop(builder, wrow, xbase, cols, lanes: int):
+    """The loop over the columns: per group j and row r, acc[j][r] += w[r, k] xt[j, k]
+    (<lanes x float>); returns the accumulators, by group then row (zeros when cols is 0)."""
+    rows, vt = len(wrow), ir.VectorType(ir.FloatType(), lanes)
 
     def body(k, accs):
-        xk = builder.mul(k, const(TILE_LANES))
-        xv = [builder.load(builder.bitcast(builder.gep(xb, [xk]), F32x16.as_pointer()),
-                           align=4) for xb in xbase]  # fmt: skip
+        xk = builder.mul(k, const(lanes))
+        xv = [builder.load(builder.bitcast(builder.gep(xb, [xk]), vt.as_pointer()), align=4)
+              for xb in xbase]  # fmt: skip
         new = list(accs)
         for r, row in enumerate(wrow):
-            wv = splat(builder, builder.load(builder.gep(row, [k])), F32x16)
+            wv = splat(builder, builder.load(builder.gep(row, [k])), vt)
             for j, x in enumerate(xv):
                 product = builder.fmul(wv, x, flags=["contract"])
                 new[rows * j + r] = builder.fadd(accs[rows * j + r], product, flags=["contract"])
         return new
 
-    flat = accumulate(builder, cols, 1, rows * len(xbase), body, "bcast")
+    flat = accumulate(builder, cols, 1, rows * len(xbase), body, "bcast", vt)
     return [flat[rows * j : rows * (j + 1)] for j in range(len(xbase))]
 
 
-def _tile(groups: int):
+def _widened(builder, v):
+    """A <lanes x float> as <16 x i32>, lanes past its own zero."""
+    if v.type.count < 16:
+        zero = ir.Constant(v.type, None)
+        v = shuffle(builder, v, zero, [min(i, v.type.count) for i in range(16)])
+    return builder.bitcast(v, I32x16)
+
+
+def _tile(groups: int, lanes: int = 16):
     @intrinsic
     def bcast_tile(typingctx, w, r0, nrows, xt, g0, nvec, add, out):
-        """out[16 g0 + l, r0:r0 + nrows] (=, or += when add) w[r0:r0 + nrows] . x[16 g0 + l]
-        for l < nvec (at most 16 x groups), x given transposed in groups of 16: xt (groups,
-        cols, 16) float32, zeros past the last vector; w (rows, cols) float32 row-major;
-        nrows at most TILE_ROWS (a row past it reads row r0 + nrows - 1 again, never
-        stored)."""
+        """out[L g0 + l, r0:r0 + nrows] (=, or += when add) w[r0:r0 + nrows] . x[L g0 + l]
+        for l < nvec (at most L x groups), x given transposed in groups of L = `lanes`: xt
+        (groups, cols, L) float32, zeros past the last vector; w (rows, cols) float32
+        row-major; nrows at most TILE_ROWS (a row past it reads row r0 + nrows - 1 again,
+        never stored)."""
 
         def codegen(context, builder, sig, args):
             w_, r0, nrows, xt_, g0, nvec, add, out_ = args
@@ -70,19 +81,19 @@ def _tile(groups: int):
             for r in range(TILE_ROWS):
                 row = builder.select(builder.icmp_signed("<", const(r), nrows), const(r), last)
                 wrow.append(builder.gep(wa.data, [builder.mul(builder.add(r0, row), cols)]))
-            group = builder.mul(cols, const(TILE_LANES))  # floats of one group of xt
+            group = builder.mul(cols, const(lanes))  # floats of one group of xt
             xbase = [builder.gep(xa.data, [builder.mul(builder.add(g0, const(j)), group)])
                      for j in range(groups)]  # fmt: skip
-            final = _loop(builder, wrow, xbase, cols)
+            final = _loop(builder, wrow, xbase, cols, lanes)
             pad = [ir.Constant(I32x16, None)] * (16 - TILE_ROWS)
             for j in range(groups):
-                rows = [builder.bitcast(p, I32x16) for p in final[j]]
+                rows = [_widened(builder, p) for p in final[j]]
                 # accumulator r's lane l is (row r, vector l): transposed, vector l's rows
                 by_vector = [builder.bitcast(v, F32x16) for v in transpose16(builder, rows + pad)]
-                v0 = builder.mul(builder.add(g0, const(j)), const(TILE_LANES))
-                left = builder.sub(nvec, const(TILE_LANES * j))
+                v0 = builder.mul(builder.add(g0, const(j)), const(lanes))
+                left = builder.sub(nvec, const(lanes * j))
                 store_vectors(context, builder, sig.args[7], out_, v0, left, r0, nrows, add,
-                              by_vector)  # fmt: skip
+                              by_vector[:lanes])  # fmt: skip
             return context.get_dummy_value()
 
         sig = types.void(w, types.intp, types.intp, xt, types.intp, types.intp, types.intp, out)
@@ -91,7 +102,9 @@ def _tile(groups: int):
     return bcast_tile
 
 
-bcast_tile1, bcast_tile2 = _tile(1), _tile(2)  # 16 and 32 vectors a tile
+# 16 and 32 vectors a tile; and 8 in 8 lanes, half the arithmetic of 16 for B <= 8: 5-12%
+# faster with the weights from DRAM (scripts/bench_batch_kernels.py-like A/B, Zen 4)
+bcast_tile1, bcast_tile2, bcast_tile8 = _tile(1), _tile(2), _tile(1, NARROW_LANES)
 
 
 def store_vectors(context, builder, out_ty, out_, v0, nvec, r0, nrows, add, rows16):

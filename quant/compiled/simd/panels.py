@@ -76,19 +76,19 @@ def store(builder, value, ptr):
     builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=1)
 
 
-def accumulate(builder, n, step: int, count: int, body, name: str) -> list:
-    """An LLVM loop `for i in range(0, n, step)` (i an i64) over `count` <16 x float>
-    accumulators that start at zero: body(i, accs) returns their new values. Returns the
-    accumulators after the loop (zeros when n <= 0)."""
+def accumulate(builder, n, step: int, count: int, body, name: str, vt=F32x16) -> list:
+    """An LLVM loop `for i in range(0, n, step)` (i an i64) over `count` accumulators
+    (<16 x float>, or vt) that start at zero: body(i, accs) returns their new values.
+    Returns the accumulators after the loop (zeros when n <= 0)."""
     entry = builder.block
     loop = builder.append_basic_block(f"{name}.loop")
     done = builder.append_basic_block(f"{name}.done")
-    zero = ir.Constant(F32x16, None)
+    zero = ir.Constant(vt, None)
     builder.cbranch(builder.icmp_signed(">", n, const(0)), loop, done)
     builder.position_at_end(loop)
     i = builder.phi(I64)
     i.add_incoming(const(0), entry)
-    accs = [builder.phi(F32x16) for _ in range(count)]
+    accs = [builder.phi(vt) for _ in range(count)]
     for p in accs:
         p.add_incoming(zero, entry)
     new = body(i, accs)
@@ -99,7 +99,7 @@ def accumulate(builder, n, step: int, count: int, body, name: str) -> list:
     i.add_incoming(i1, latch)
     builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
     builder.position_at_end(done)
-    final = [builder.phi(F32x16) for _ in range(count)]
+    final = [builder.phi(vt) for _ in range(count)]
     for p, v in zip(final, new, strict=True):
         p.add_incoming(zero, entry)
         p.add_incoming(v, latch)
