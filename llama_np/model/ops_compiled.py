@@ -58,10 +58,10 @@ def batch_product(w: Matrix, x: np.ndarray, into: np.ndarray | None, dot: str) -
 
 
 def prepared(x: np.ndarray, norm: np.ndarray, eps: float, mode: int) -> np.ndarray:
-    """The prologue of every row, as decode runs it on one (ops.prepare_rows)."""
+    """The prologue of every row, as decode runs it on one (ops.prepare_rows_shared)."""
     out = np.empty((x.shape[0], x.shape[1] // 2 if mode == ops.SWIGLU else x.shape[1]),
                    np.float32)  # fmt: skip
-    ops.prepare_rows(np.ascontiguousarray(x), norm, np.float32(eps), mode, out)
+    ops.prepare_rows_shared(np.ascontiguousarray(x), norm, np.float32(eps), mode, out)
     return out
 
 

@@ -43,6 +43,7 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     ops.prepare(x, x, np.float32(1e-5), ops.NORM)
     ops.prepare_rows(x[None], x, np.float32(1e-5), ops.NORM, out[None])
     ops.prepare_rows(x[None], x, np.float32(1e-5), ops.SWIGLU, out[None, :32])
+    ops.prepare_rows_shared(x[None], x, np.float32(1e-5), ops.NORM, out[None])
     ops.swiglu(x, out[:32])
     cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
     for kv in kv_formats:

@@ -83,12 +83,25 @@ def prepare(x, norm, eps, mode):
     return prologue(x, norm, eps, mode)
 
 
-@kernel(parallel=True)
+@kernel(inline=True)
+def prepare_row(x, norm, eps, mode, out):
+    if mode == NORM:
+        rmsnorm(x, norm, eps, out)
+    else:
+        swiglu(x, out)
+
+
+@kernel
 def prepare_rows(x, norm, eps, mode, out):
     """prologue() of every row of x (B, n) into out (B, n or n / 2): each row the very
-    arithmetic a decode step applies to its one vector, the rows shared by the threads."""
+    arithmetic a decode step applies to its one vector, on the calling thread (a team
+    member's own buffers, fewblocks.py: a parallel kernel there would nest a region)."""
+    for v in range(x.shape[0]):
+        prepare_row(x[v], norm, eps, mode, out[v])
+
+
+@kernel(parallel=True)
+def prepare_rows_shared(x, norm, eps, mode, out):
+    """prepare_rows with the rows shared by the threads: a batch's or a prompt's rows."""
     for v in prange(x.shape[0]):
-        if mode == NORM:
-            rmsnorm(x[v], norm, eps, out[v])
-        else:
-            swiglu(x[v], out[v])
+        prepare_row(x[v], norm, eps, mode, out[v])
