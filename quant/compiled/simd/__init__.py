@@ -6,7 +6,8 @@ cannot express, as numba intrinsics, each saying which x86 instruction it become
 - lanes.py: sixteen float32 lanes (fma16, mul16, lo16/hi16, add16, ...): one vector
   instruction each, for the loops LLVM would reduce lane by lane.
 - int8.py: byte dot products (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) of a block of 4
-  rows with x rounded to int8, and the q8_0 / q4 / q5 block decoders around them.
+  rows with x rounded to int8, the q8_0 / q4 / q5 block decoders around them, and x's
+  rounding itself, a block of 32 at a time (quantize_block, sum16).
 - kquants.py: the K-quants' super-blocks decoded to integer codes, scales and mins in
   vector registers, then multiplied by int8.dot_u8.
 - panels.py: panels of 16 rows decoded into one integer form (or float32), and the tiles
