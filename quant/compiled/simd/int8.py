@@ -466,8 +466,7 @@ def _rounded(builder, xs, finite, amax, top) -> list:
     (and for a block of zeros: amax 0)."""
     usable = builder.and_(finite, builder.fcmp_ordered(">", amax, ir.Constant(F32, 0.0)))
     inv = builder.select(usable, builder.fdiv(top, amax), ir.Constant(F32, 0.0))
-    one = ir.Constant(ir.VectorType(F32, 1), ir.Undefined)
-    inv16 = _repeat(builder, builder.insert_element(one, inv, _i32(0)), 16)
+    inv16 = _splat_f32(builder, inv)
     zero = ir.Constant(I32x16, None)
     out = []
     for v in xs:
