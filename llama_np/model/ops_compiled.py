@@ -21,7 +21,7 @@ from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix
 from quant.compiled import attention, fewblocks, kinds, layers, ops
 from quant.compiled.fewdot import FEW
-from quant.compiled.weights import CompiledMatrix
+from quant.compiled.weights import CompiledMatrix, f32_stack_into
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
 
@@ -43,18 +43,16 @@ def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarr
 
 def batch_product(w: Matrix, x: np.ndarray, into: np.ndarray | None, dot: str) -> np.ndarray:
     """x (B, cols) @ W.T, added into `into` (the residual stream, in place) or new, x's
-    vectors multiplied as `dot`: a compiled matrix's matmat_into, or a stack's parts in
-    turn."""
-    rows = w.shape[0]
+    vectors multiplied as `dot`: a compiled matrix's matmat_into; a stack of f32 parts in
+    one call (f32_stack_into), another stack's parts in turn."""
+    add = into is not None
+    out = into if add else np.empty((x.shape[0], w.shape[0]), np.float32)
     if w.fused:
-        out = into if into is not None else np.empty((x.shape[0], rows), np.float32)
-        w.matmat_into(x, out, into is not None, dot)
-        return out
-    out = np.concatenate([p.matmul(x, dot) for p in w.leaves()], axis=1)
-    if into is None:
-        return out
-    into += out
-    return into
+        w.matmat_into(x, out, add, dot)
+    elif not f32_stack_into(w.leaves(), x, out, add):
+        parts = np.concatenate([p.matmul(x, dot) for p in w.leaves()], axis=1)
+        out[:] = out + parts if add else parts
+    return out
 
 
 def prepared(x: np.ndarray, norm: np.ndarray, eps: float, mode: int) -> np.ndarray:

@@ -28,6 +28,8 @@ from .simd.broadcast import (
     bcast_tile1,
     bcast_tile2,
     bcast_tile8,
+    transpose_block8,
+    transpose_block16,
 )
 from .simd.panels import (
     FLOAT_VECTORS,
@@ -189,22 +191,23 @@ def matmat_float(decode, w, x, add, out, panels):
 @kernel(parallel=True)
 def transpose_groups(x, xt):
     """xt[g, k, l] = x[L g + l, k], zeros past x's last row: x (B, cols) as the float
-    tiles read it (xt: (groups, cols, L), L = 16 lanes, or NARROW_LANES)."""
-    b, cols = x.shape
-    lanes = xt.shape[2]
-    for g in prange(xt.shape[0]):
-        for k in range(cols):
-            for l in range(lanes):
-                v = lanes * g + l
-                xt[g, k, l] = x[v, k] if v < b else np.float32(0)
+    tiles read it (xt: (groups, cols, L), L = 16 lanes, or NARROW_LANES), a block of 16
+    columns at a time (simd/broadcast.transpose_block16, 8)."""
+    lanes, blocks = xt.shape[2], -(-x.shape[1] // 16)
+    for i in prange(xt.shape[0] * blocks):
+        g, k0 = i // blocks, 16 * (i % blocks)
+        if lanes == NARROW_LANES:
+            transpose_block8(x, lanes * g, k0, xt, g)
+        else:
+            transpose_block16(x, lanes * g, k0, xt, g)
 
 
 @kernel(parallel=True)
-def matmat_bcast(w, xt, nvec, add, out):
-    """out (B, rows) (=, or += when add) X @ W.T for row-major float32 weights, X as
-    transpose_groups lays it out: tiles of TILE_ROWS rows x 32 vectors (x 16 for an odd
-    last group, and every group on AVX2; x 8 in narrow lanes for B <= 8; simd/broadcast.py),
-    a tile's rows read from memory once for all groups."""
+def matmat_bcast(w, xt, nvec, add, out, col):
+    """out[:, col:col + rows] (B, rows) (=, or += when add) X @ W.T for row-major float32
+    weights, X as transpose_groups lays it out: tiles of TILE_ROWS rows x 32 vectors (x 16
+    for an odd last group, and every group on AVX2; x 8 in narrow lanes for B <= 8;
+    simd/broadcast.py), a tile's rows read from memory once for all groups."""
     rows, groups = w.shape[0], xt.shape[0]
     narrow = xt.shape[2] == NARROW_LANES
     # two groups a tile: AVX2's 16 registers hold only one group's 8 rows
@@ -213,18 +216,27 @@ def matmat_bcast(w, xt, nvec, add, out):
         r0 = TILE_ROWS * p
         n = min(TILE_ROWS, rows - r0)
         if narrow:
-            bcast_tile8(w, r0, n, xt, 0, nvec, add, out)
+            bcast_tile8(w, r0, n, xt, 0, nvec, add, out, col + r0)
             continue
         for g in range(0, 2 * pairs, 2):
-            bcast_tile2(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
+            bcast_tile2(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out, col + r0)
         for g in range(2 * pairs, groups):
-            bcast_tile1(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out)
+            bcast_tile1(w, r0, n, xt, g, nvec - TILE_LANES * g, add, out, col + r0)
 
 
-def matmat_f32(w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
-    """out (B, rows) (=, or += when add) x (B, cols) @ w.T for row-major float32 weights:
-    x transposed (transpose_groups: in 8 lanes for B <= 8), then matmat_bcast."""
+def transposed(x: np.ndarray) -> np.ndarray:
+    """x (B, cols) as matmat_bcast reads it (transpose_groups: in 8 lanes for B <= 8)."""
     lanes = NARROW_LANES if x.shape[0] <= NARROW_LANES else TILE_LANES
     xt = np.empty((-(-x.shape[0] // lanes), x.shape[1], lanes), np.float32)
     transpose_groups(x, xt)
-    matmat_bcast(w, xt, x.shape[0], add, out)
+    return xt
+
+
+def matmat_f32(ws: list[np.ndarray], x: np.ndarray, add: bool, out: np.ndarray) -> None:
+    """out (B, rows) (=, or += when add) x (B, cols) @ W.T for W the row-major float32
+    matrices ws stacked (their rows one after the other in out's columns): x transposed
+    once, then matmat_bcast per matrix."""
+    xt, col = transposed(x), 0
+    for w in ws:
+        matmat_bcast(w, xt, x.shape[0], add, out, col)
+        col += w.shape[0]

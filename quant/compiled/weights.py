@@ -154,7 +154,18 @@ class CF32Weight(FloatMatrix, F32Weight):
     def many(self, w: np.ndarray, x: np.ndarray, add: bool, out: np.ndarray) -> None:
         """More than FEW vectors: each weight a broadcast operand of 16 or 32 vectors, no
         panel (igemm.matmat_f32)."""
-        igemm.matmat_f32(w, x, add, out)
+        igemm.matmat_f32([w], x, add, out)
+
+
+def f32_stack_into(parts: list, x: np.ndarray, out: np.ndarray, add: bool) -> bool:
+    """out (=, or += when add) x @ W.T for W the parts of a stack stacked (a GGUF's f32 q, k
+    and v, or gate and up, each memory-mapped apart), when every part is f32 and x has more
+    than FEW vectors: x transposed once for all the parts, each writing its own columns of
+    out (igemm.matmat_f32). False, nothing done, otherwise."""
+    if x.shape[0] <= FEW or not all(isinstance(p, CF32Weight) for p in parts):
+        return False
+    igemm.matmat_f32([p.w for p in parts], np.ascontiguousarray(x, np.float32), add, out)
+    return True
 
 
 class CF16Weight(FloatMatrix, F16Weight):

@@ -19,7 +19,7 @@ import pytest
 
 from quant import intdot
 from quant.compiled import FORMATS, igemm, simd
-from quant.compiled.weights import FEW
+from quant.compiled.weights import FEW, f32_stack_into
 from tests.quant.test_intdot import BITS, FMTS, exact_case, random_weight, shape_for
 
 SHAPES = [(1, 1), (5, 3), (17, 1), (33, 10), (70, 3)]  # (rows, blocks)
@@ -84,6 +84,44 @@ def test_float_batches_equal_the_dequantized_product(fmt, rows, cols, b):
     assert np.abs(batch(w, x, "f32") - want).max() <= tol
     start = rng.standard_normal((b, rows)).astype(np.float32)
     assert np.abs(batch(w, x, "f32", add=start) - (start + want)).max() <= tol
+
+
+@pytest.mark.parametrize("b", [1, 5, 8, 9, 16, 17, 33])
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100])
+def test_x_transposed_into_groups_of_lanes(cols, b):
+    """igemm.transposed (blocks of 16 columns transposed in registers, masked at the ends):
+    vector L g + l's column k at xt[g, k, l], zeros past the last vector; L = 8 lanes up
+    to 8 vectors, 16 from 9."""
+    x = np.random.default_rng(b * cols).standard_normal((b, cols)).astype(np.float32)
+    lanes = 8 if b <= 8 else 16
+    groups = -(-b // lanes)
+    padded = np.zeros((groups * lanes, cols), np.float32)
+    padded[:b] = x
+    want = padded.reshape(groups, lanes, cols).transpose(0, 2, 1)
+    np.testing.assert_array_equal(igemm.transposed(x), want)
+
+
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("b", [FEW, 5, 9, 33])
+def test_a_stack_of_f32_parts_shares_one_transposed_x(b, add):
+    """f32_stack_into: parts of 5, 17 and 3 rows of 40 columns into their columns of out,
+    x transposed once, against the product with the stacked matrix; at most FEW vectors,
+    or a part in another format, it does nothing and says so."""
+    rng = np.random.default_rng(b)
+    ws = [rng.standard_normal((r, 40)).astype(np.float32) for r in (5, 17, 3)]
+    parts = [FORMATS["f32"].from_float(w) for w in ws]
+    x = rng.standard_normal((b, 40)).astype(np.float32)
+    start = rng.standard_normal((b, 25)).astype(np.float32)
+    out = start.copy()
+    want = x.astype(np.float64) @ np.concatenate(ws).astype(np.float64).T + (start if add else 0)
+    if b <= FEW:
+        assert not f32_stack_into(parts, x, out, add)
+        np.testing.assert_array_equal(out, start)
+        return
+    assert f32_stack_into(parts, x, out, add)
+    assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
+    mixed = [*parts[:2], FORMATS["f16"].from_float(ws[2])]
+    assert not f32_stack_into(mixed, x, start.copy(), add)
 
 
 @pytest.mark.parametrize("b", [2, 3, FEW])

@@ -26,7 +26,18 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .panels import F32x16, I32x16, accumulate, const, put_rows, shuffle, splat, transpose16
+from .panels import (
+    F32x16,
+    I32x16,
+    accumulate,
+    const,
+    first_lanes,
+    masked_load,
+    put_rows,
+    shuffle,
+    splat,
+    transpose16,
+)
 
 TILE_ROWS = 8  # rows of a tile: one accumulator per group of vectors
 TILE_LANES = 16  # vectors of a group: the accumulators' lanes
@@ -64,15 +75,15 @@ def _widened(builder, v):
 
 def _tile(groups: int, lanes: int = 16):
     @intrinsic
-    def bcast_tile(typingctx, w, r0, nrows, xt, g0, nvec, add, out):
-        """out[L g0 + l, r0:r0 + nrows] (=, or += when add) w[r0:r0 + nrows] . x[L g0 + l]
+    def bcast_tile(typingctx, w, r0, nrows, xt, g0, nvec, add, out, col):
+        """out[L g0 + l, col:col + nrows] (=, or += when add) w[r0:r0 + nrows] . x[L g0 + l]
         for l < nvec (at most L x groups), x given transposed in groups of L = `lanes`: xt
         (groups, cols, L) float32, zeros past the last vector; w (rows, cols) float32
         row-major; nrows at most TILE_ROWS (a row past it reads row r0 + nrows - 1 again,
         never stored)."""
 
         def codegen(context, builder, sig, args):
-            w_, r0, nrows, xt_, g0, nvec, add, out_ = args
+            w_, r0, nrows, xt_, g0, nvec, add, out_, col = args
             wa = context.make_array(sig.args[0])(context, builder, w_)
             cols = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
             xa = context.make_array(sig.args[3])(context, builder, xt_)
@@ -92,11 +103,12 @@ def _tile(groups: int, lanes: int = 16):
                 by_vector = [builder.bitcast(v, F32x16) for v in transpose16(builder, rows + pad)]
                 v0 = builder.mul(builder.add(g0, const(j)), const(lanes))
                 left = builder.sub(nvec, const(lanes * j))
-                store_vectors(context, builder, sig.args[7], out_, v0, left, r0, nrows, add,
+                store_vectors(context, builder, sig.args[7], out_, v0, left, col, nrows, add,
                               by_vector[:lanes])  # fmt: skip
             return context.get_dummy_value()
 
-        sig = types.void(w, types.intp, types.intp, xt, types.intp, types.intp, types.intp, out)
+        sig = types.void(w, types.intp, types.intp, xt, types.intp, types.intp, types.intp, out,
+                         types.intp)  # fmt: skip
         return sig, codegen
 
     return bcast_tile
@@ -116,3 +128,52 @@ def store_vectors(context, builder, out_ty, out_, v0, nvec, r0, nrows, add, rows
         for l in range(len(rows16))
     ]
     put_rows(context, builder, out_ty, out_, orows, r0, nrows, add, rows16)
+
+
+def _transpose(lanes: int):
+    @intrinsic
+    def transpose_block(typingctx, x, v0, k0, xt, g):
+        """xt[g, k0 + j, l] = x[v0 + l, k0 + j] for j < min(16, cols - k0) and l < `lanes`,
+        zeros for the rows past x's last: x (B, cols) float32 C-contiguous, xt (groups,
+        cols, lanes). 16 masked loads of a row's 16 columns, a 16 x 16 transpose in
+        registers (transpose16), a store of each column's lanes."""
+
+        def codegen(context, builder, sig, args):
+            x_, v0, k0, xt_, g = args
+            xa = context.make_array(sig.args[0])(context, builder, x_)
+            b, cols = cgutils.unpack_tuple(builder, xa.shape, 2)
+            ta = context.make_array(sig.args[3])(context, builder, xt_)
+            left = builder.sub(cols, k0)  # columns of this block: 16 or fewer
+            kmask = first_lanes(builder, builder.trunc(left, I32x16.element))
+            none = ir.Constant(kmask.type, None)
+            rows = []
+            for l in range(16):
+                v = builder.add(v0, const(l))
+                inside = builder.icmp_signed("<", v, b)
+                if l >= lanes:
+                    rows.append(ir.Constant(F32x16, None))
+                    continue
+                at = builder.add(builder.mul(builder.select(inside, v, const(0)), cols), k0)
+                ptr = builder.bitcast(builder.gep(xa.data, [at]), F32x16.as_pointer())
+                mask = builder.select(inside, kmask, none)
+                rows.append(masked_load(builder, ptr, F32x16, mask, align=4))
+            words = transpose16(builder, [builder.bitcast(r, I32x16) for r in rows])
+            columns = [builder.bitcast(c, F32x16) for c in words]
+            vt = ir.VectorType(F32x16.element, lanes)
+            base = builder.mul(builder.add(builder.mul(g, cols), k0), const(lanes))
+            for j, column in enumerate(columns):
+                with builder.if_then(builder.icmp_signed("<", const(j), left)):
+                    if lanes < 16:
+                        column = shuffle(builder, column, column, list(range(lanes)))
+                    at = builder.add(base, const(j * lanes))
+                    ptr = builder.bitcast(builder.gep(ta.data, [at]), vt.as_pointer())
+                    builder.store(column, ptr, align=4)
+            return context.get_dummy_value()
+
+        return types.void(x, types.intp, types.intp, xt, types.intp), codegen
+
+    return transpose_block
+
+
+# x into the float tiles' layout (igemm.transpose_groups): 16 columns of 16 or 8 vectors a call
+transpose_block16, transpose_block8 = _transpose(TILE_LANES), _transpose(NARROW_LANES)
