@@ -33,9 +33,12 @@ CHUNK = 32  # slots whose values every group weighs in turn (8 KiB of f32 at hea
 # How far ahead the float loops ask for lines (simd.scalar.prefetch). A tile is one 4 KiB
 # page at head_dim 64, and the hardware prefetcher stops at a page's end: without these,
 # compute and reads took turns (TinyLlama's shape from DRAM, B = 16 at 4096 keys: 7.5 ms
-# a layer, 6.9 with; the same loops on keys in L3 4.0).
-KEYS_AHEAD = 4  # tiles
-VALUES_AHEAD = 64  # slots
+# a layer, 6.9 with; the same loops on keys in L3 4.0). The next pair of tiles and 32
+# slots ahead, not 4 tiles and 64: farther lines were evicted before their turn (the
+# same shape, scripts/bench_attention.py, 3 alternations: 6.5-6.9 ms against 7.7-7.9;
+# Qwen's 14/2 heads 3.3 against 3.7-3.9, B = 1 0.38 against 0.42-0.49; Zen 4, 2026-11-26).
+KEYS_AHEAD = 2  # tiles
+VALUES_AHEAD = 32  # slots
 
 
 # --- the KV stores, by format --------------------------------------------------------
