@@ -141,7 +141,7 @@ def render_validation(data: dict, plots: Path) -> str:
 
 
 def measure_batching(ctx: argparse.Namespace) -> dict:
-    rows, probe = validate_sol.measure(ctx.probe, ctx.threads, True, ctx.quick, n=8, reps=2)
+    rows, probe = validate_sol.measure(ctx.probe, ctx.threads, True, ctx.quick, n=8, reps=3)
     return {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows]}
 
 
