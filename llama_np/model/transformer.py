@@ -199,8 +199,12 @@ class Transformer:
         self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
         x = seam.embed(w.embed, tokens)  # (B, dim)
         rots = [self.ops.rotary(np.array([c.pos]), self.inv_freq) for c in caches]
-        # a few sequences' step runs every block in one call (x in place) where the backend can
-        if not seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans):
+        # a few sequences' step runs every block in one call (x in place) where the backend
+        # can; a batch of one, the one-sequence step's call (forward's decode_blocks)
+        one = len(caches) == 1 and seam.decode_blocks(
+            w.layers, self.block_reads, x, caches[0], rots[0], spans[0]
+        )
+        if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
             x = self._blocks(x, lambda qkv, i: seam.attention_batch(qkv, caches, i, rots, spans))
         for c in caches:
             c.advance(1)

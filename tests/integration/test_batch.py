@@ -65,6 +65,25 @@ def test_a_batch_step_equals_each_sequence_alone(models, model, weights, kernels
         assert np.abs(a - b).max() <= within * scale
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize(("model", "weights"), CASES)
+def test_a_batch_of_one_is_the_one_sequence_step_bit_for_bit(models, model, weights, kernels,
+                                                              monkeypatch):  # fmt: skip
+    """step_batch with one sequence takes the path of `step` (on the compiled backend, the
+    decoder blocks in one call): the same logits, bit for bit, and the same bytes metered."""
+    d, _ = models[model]
+    with llama_np.load(d, kernels=kernels, weights=weights) as llm:
+        seam, done = llm.model.seam, []
+        one_call = seam.decode_blocks
+        monkeypatch.setattr(seam, "decode_blocks", lambda *a: done.append(one_call(*a)) or done[-1])
+        together = stepped(llm, PROMPTS[1:2], 9, batch=True)
+        assert done == [kernels == "numba"] * 9  # the compiled backend ran each step in one call
+        batch_bytes = llm.model.meter.last.bytes_read
+        alone = stepped(llm, PROMPTS[1:2], 9, batch=False)
+        assert llm.model.meter.last.bytes_read == batch_bytes
+    np.testing.assert_array_equal(together[0], alone[0])
+
+
 def greedy_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
     """n greedy tokens per prompt, the sequences stepped together."""
     caches = [llm.new_cache(64) for _ in prompts]
