@@ -12,7 +12,8 @@ cannot express, as numba intrinsics, each saying which x86 instruction it become
   vector registers, then multiplied by int8.dot_u8.
 - panels.py: panels of 16 rows decoded into one integer form (or float32), and the tiles
   that multiply them by several vectors (igemm.py).
-- broadcast.py: float32 weights as broadcast operands of 16 vectors' lanes (igemm.py).
+- broadcast.py: float32 weights as broadcast operands of 16 vectors' lanes, and x
+  transposed into those lanes (igemm.py).
 
 The CPU decides here, once: a CPU without VNNI cannot even compile `vpdpbusd`. The
 features are those numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the

@@ -8,6 +8,8 @@ group with w[r, k] broadcast from memory (`vfmadd231ps m32{1to16}`). The rows ar
 stored, a stream of 4 bytes a column each, and no panel is built: the float panels
 (simd/panels.py) transpose 16 rows into a buffer first, a fixed cost of ~1.75 decode
 passes. At the end the accumulators are transposed into each vector's rows and stored.
+x itself is transposed into the groups in registers, a block of 16 columns of 16 (or 8)
+vectors a call (transpose_block16, transpose_block8).
 A product of at most 8 vectors takes groups of 8 (NARROW_LANES): 256-bit FMAs, half the
 arithmetic of a group of 16 with half its lanes empty.
 float16 and bfloat16 weights keep the panels: widening a broadcast weight costs more
