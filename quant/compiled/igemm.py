@@ -85,6 +85,13 @@ def quantized_rows(x: np.ndarray, wide: bool) -> tuple:
     return xq, xd, xsum, xd16, xb16, lo
 
 
+def paired_xb(xb16: np.ndarray) -> np.ndarray:
+    """(B, cols / 32): the sums xb16[:, 2 j] + xb16[:, 2 j + 1], the offsets' factor of a
+    format with one scale and offset per 32 weights (the tile's `paired`), added once per
+    product instead of once per panel."""
+    return xb16[:, 0::2] + xb16[:, 1::2]
+
+
 # The panel decoders, one per kind of grouped matrix: (its arrays as layers.Operands names
 # them: a0..a3, factor, code, nbytes; the panel's first group and how many of its 4 are
 # rows of the matrix; the scratch). A driver takes one as an argument (numba compiles the
@@ -126,7 +133,7 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
     """out (B, rows) (=, or += when add) X @ W.T for W decoded by `decode` (a panels_
     function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8; `paired`: its
     scales are per 32 weights, panels.tile) and X as quantize_rows rounds it (xb: its
-    xb16); codes, dms: scratch_for(cols)."""
+    xb16, or paired_xb of it when `paired`); codes, dms: scratch_for(cols)."""
     groups = a0.shape[0]
     rows, nvec = out.shape[1], xq.shape[0]
     nsub = xd.shape[1] * 2

@@ -235,9 +235,10 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
             fewdot.matmat_few(self.few, self.row_operands(), xs, tuple(range(x.shape[0])), add, out)
             return
         xq, xd, _, _, xb16, lo = xs
+        xb = igemm.paired_xb(xb16) if self.paired else xb16
         codes, dms = igemm.scratch_for(self.shape[1])
         igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, self.paired, xq, xd,
-                         xb16, lo, add, out, codes, dms)  # fmt: skip
+                         xb, lo, add, out, codes, dms)  # fmt: skip
 
     def float_matmat(self, x: np.ndarray, out: np.ndarray, add: bool) -> None:
         """x in float32: up to BATCH vectors one parallel kernel (matmat.py); more, panel

@@ -391,7 +391,8 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     low ones (int8.py); an orows entry below 0 is not stored. `signed`: codes are int8
     (SIGNED_Q8), not bytes. `paired`: every two sub-blocks 2 j, 2 j + 1 share D and M (a
     format with a scale per 32 weights; nsub even): their integer sums are added before
-    the one conversion to float, as decode sums a block of 32 (the weight class's `paired`)."""
+    the one conversion to float, as decode sums a block of 32 (the weight class's
+    `paired`), and xb[v, j] is the pair's xb16[v, 2 j] + xb16[v, 2 j + 1] (igemm.paired_xb)."""
 
     def codegen(context, builder, sig, args):
         (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, paired_, out_, orows_, r0,
@@ -510,11 +511,7 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
                     builder.shl(sums, ir.Constant(I32x16, [7] * 16)), dots(builder.gep(xp, [lo]))
                 )
             xd = builder.load(builder.gep(xdrow[v], [half]))
-            xb = builder.load(builder.gep(xbrow[v], [s]))
-            if paired:
-                xb = builder.fadd(
-                    xb, builder.load(builder.gep(xbrow[v], [builder.add(s, const(1))]))
-                )
+            xb = builder.load(builder.gep(xbrow[v], [half if paired else s]))
             w = builder.fmul(D, splat(builder, xd, F32x16))
             a = builder.fadd(
                 accs[v],
