@@ -51,7 +51,9 @@ def batch_product(w: Matrix, x: np.ndarray, into: np.ndarray | None, dot: str) -
         w.matmat_into(x, out, add, dot)
     elif not f32_stack_into(w.leaves(), x, out, add):
         parts = np.concatenate([p.matmul(x, dot) for p in w.leaves()], axis=1)
-        out[:] = out + parts if add else parts
+        if not add:
+            return parts
+        out += parts
     return out
 
 
