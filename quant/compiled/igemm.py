@@ -46,6 +46,7 @@ from .simd.panels import (
     panel_q8_0,
     tile,
 )
+from .simd.scalar import prefetch
 
 ROWS = 16  # rows of a panel
 
@@ -98,23 +99,46 @@ def paired_xb(xb16: np.ndarray) -> np.ndarray:
 # driver once per decoder: one function holding every decoder compiled ten times slower).
 
 
+@kernel(inline=True)
+def ask_ahead(a, g0, part, parts):
+    """Ask for part `part` of `parts` of groups g0..g0 + 3 of a (simd.scalar.prefetch):
+    a decoder asks for the next panel's rows while it decodes its own. A thread's panels
+    follow one another in memory, but a panel reads its 4 groups as 4 short streams,
+    which the hardware prefetcher picked up too late."""
+    width = a.shape[1]
+    line = max(1, 64 // a.itemsize)
+    at = g0 * width
+    for i in range(at + 4 * width * part // parts, at + 4 * width * (part + 1) // parts, line):
+        prefetch(a, i)
+
+
 @kernel
 def panels_q8_0(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
     nb = a1.shape[1] // 4
+    steps = -(-nb // 2)
     for b in range(0, nb, 2):
+        ask_ahead(a0, g0 + 4, b // 2, steps)
+        ask_ahead(a1, g0 + 4, b // 2, steps)
         panel_q8_0(a0, a1, g0, gvalid, b, min(2, nb - b), dst, dm)
 
 
 @kernel
 def panels_nibbles(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
     nb = a1.shape[1] // 4
+    steps = -(-nb // 2)
     for b in range(0, nb, 2):
+        ask_ahead(a0, g0 + 4, b // 2, steps)
+        ask_ahead(a1, g0 + 4, b // 2, steps)
+        ask_ahead(a2, g0 + 4, b // 2, steps)
+        ask_ahead(a3, g0 + 4, b // 2, steps)
         panel_nibbles(a0, a1, a2, factor, a3, g0, gvalid, b, min(2, nb - b), dst, dm)
 
 
 @kernel
 def panels_k(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
-    for blk in range(a0.shape[1] // (4 * nbytes)):
+    blocks = a0.shape[1] // (4 * nbytes)
+    for blk in range(blocks):
+        ask_ahead(a0, g0 + 4, blk, blocks)
         if code == 0:
             panel_q2_k(a0, nbytes, g0, gvalid, blk, dst, dm)
         elif code == 1:
