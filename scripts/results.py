@@ -61,7 +61,10 @@ def commit() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
 
     head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the run's own outputs (docs/, the README), written section by section, are no change
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)docs", ":(exclude)README.md")  # fmt: skip
+    return head + ("+changes" if changed else "")
 
 
 def stamp(command: str) -> dict[str, str]:
@@ -108,7 +111,9 @@ def render_probe(data: dict, plots: Path) -> str:
 def beaten(rows: list[Row]) -> str:
     """How many rows ran faster than their speed of light."""
     n = sum(map(beats_its_bound, rows))
-    return "none beats its bound" if not n else f"{n} beat their bound"
+    if not n:
+        return "none beats its bound"
+    return "1 row beats its bound" if n == 1 else f"{n} rows beat their bounds"
 
 
 def rows_of(data: dict) -> list[Row]:
