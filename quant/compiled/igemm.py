@@ -257,6 +257,7 @@ def matmat_bcast(w, xt, nvec, add, out, col):
 
 def transposed(x: np.ndarray) -> np.ndarray:
     """x (B, cols) as matmat_bcast reads it (transpose_groups: in 8 lanes for B <= 8)."""
+    x = np.ascontiguousarray(x, np.float32)  # the transpose reads rows from its data
     lanes = NARROW_LANES if x.shape[0] <= NARROW_LANES else TILE_LANES
     xt = np.empty((-(-x.shape[0] // lanes), x.shape[1], lanes), np.float32)
     transpose_groups(x, xt)

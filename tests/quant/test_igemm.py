@@ -99,6 +99,9 @@ def test_x_transposed_into_groups_of_lanes(cols, b):
     padded[:b] = x
     want = padded.reshape(groups, lanes, cols).transpose(0, 2, 1)
     np.testing.assert_array_equal(igemm.transposed(x), want)
+    strided = np.zeros((b, 2 * cols), np.float32)
+    strided[:, ::2] = x  # a view that is not C-contiguous gives the same
+    np.testing.assert_array_equal(igemm.transposed(strided[:, ::2]), want)
 
 
 @pytest.mark.parametrize("add", [False, True])
