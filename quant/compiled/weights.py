@@ -164,7 +164,7 @@ def f32_stack_into(parts: list, x: np.ndarray, out: np.ndarray, add: bool) -> bo
     out (igemm.matmat_f32). False, nothing done, otherwise."""
     if x.shape[0] <= FEW or not all(isinstance(p, CF32Weight) for p in parts):
         return False
-    igemm.matmat_f32([p.w for p in parts], np.ascontiguousarray(x, np.float32), add, out)
+    igemm.matmat_f32([p.w for p in parts], x, add, out)  # transposed() makes x contiguous
     return True
 
 
