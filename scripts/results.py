@@ -290,7 +290,13 @@ def render(results: dict, plots: Path = DOCS) -> str:
 
 def readme_block(results: dict) -> str:
     """The README's results table: a few figures, each with where it comes from."""
-    lines = ["| figure | value | section of docs/results.md |", "|---|---|---|"]
+    lines = ["| figure | value | section of docs/results.md; measured (`scripts/results.sh`) |",
+             "|---|---|---|"]  # fmt: skip
+
+    def where(name: str, title: str) -> str:
+        st = results[name]["stamp"]
+        return f"{title}; {st['date']}, {st['commit']}, `--only {name}`"
+
     if "peers" in results:
         for model, d in results["peers"]["data"].items():
             if pair := as_stored(d):
@@ -300,7 +306,7 @@ def readme_block(results: dict) -> str:
                     d["rounds"][ours], d["rounds"][theirs], strict=True))  # fmt: skip
                 lines.append(f"| {model}, its {d['file'].split('.')[-2]} file: decode ms/token, "
                              f"llama-np / llama.cpp | {ms[0]:.1f} / {ms[1]:.1f} ({ratio:.2f}x "
-                             "the time) | one sequence |")  # fmt: skip
+                             f"the time) | {where('peers', 'one sequence')} |")  # fmt: skip
     if "peers-batch" in results:
         import peers_batch
 
@@ -308,7 +314,8 @@ def readme_block(results: dict) -> str:
             ours, theirs = d["pairs"][-1]
             b = d["batches"][-1]
             lines.append(f"| {model} as stored, B = {b}: tok/s llama-np / llama.cpp | "
-                         f"{peers_batch.ratio(d, ours, theirs, b):.2f}x | batched decode |")  # fmt: skip
+                         f"{peers_batch.ratio(d, ours, theirs, b):.2f}x | "
+                         f"{where('peers-batch', 'batched decode')} |")  # fmt: skip
     if "serve" in results:
         import peers_serve
 
@@ -316,14 +323,15 @@ def readme_block(results: dict) -> str:
             c = d["concurrency"][-1]
             lines.append(f"| {model} as stored, {c} concurrent streams: aggregate tok/s, llama-np "
                          f"serve / llama-cpp-python's server | {peers_serve.ratio(d, c):.2f}x | "
-                         "serving over HTTP |")  # fmt: skip
+                         f"{where('serve', 'serving over HTTP')} |")  # fmt: skip
     if "validation" in results:
         rows = rows_of(results["validation"]["data"])
         compiled = [r for r in rows if r.kernels.startswith("numba")]
         ratios = [r.measured_over_sol for r in compiled]
         lines.append(f"| measured / speed of light, compiled kernels, {len(ratios)} rows | "
                      f"median {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
-                     f"{max(ratios):.2f}); {beaten(compiled)} | one sequence |")  # fmt: skip
+                     f"{max(ratios):.2f}); {beaten(compiled)} | "
+                     f"{where('validation', 'one sequence')} |")  # fmt: skip
     if "batching" in results:
         rows = rows_of(results["batching"]["data"])
         ratios = [r.measured_over_sol for r in rows]
@@ -332,14 +340,15 @@ def readme_block(results: dict) -> str:
         lines.append(f"| batch sweep, {len(rows)} rows: measured / speed of light; MFU % at B = "
                      f"{widest[0].batch} | median {statistics.median(ratios):.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f}), {beaten(rows)}; {mfus} | "
-                     "batches |")  # fmt: skip
+                     f"{where('batching', 'batches')} |")  # fmt: skip
     if "published" in results:
         held = list(published.held())
         s = calibrate.spread(calibrate.leave_one_source_out(published.points(held)))
         reached = statistics.median(h.share for h in held)
         lines.append(f"| published: fraction of the bound reached, {len(held)} rows | median "
                      f"{reached:.2f}; calibrated, the error on held-out sources: median "
-                     f"{100 * s['median']:.0f}%, p90 {100 * s['p90']:.0f}% | published |")  # fmt: skip
+                     f"{100 * s['median']:.0f}%, p90 {100 * s['p90']:.0f}% | "
+                     f"{where('published', 'published')} |")  # fmt: skip
     return "\n".join(lines) + "\n\n" + measured_on(results)
 
 
