@@ -1,10 +1,12 @@
 """`llama-np probe`: the read bandwidth attainable on this machine, by working-set size.
 
 The kernels: BLAS sgemv (y = A @ x, how NumPy's decode step reads an f32 matrix), a
-reduction (np.add.reduce), and, when numba is installed, llama-np's compiled f32 matvec.
-The attainable bandwidth at a working set is the best of sgemv and the compiled matvec
-there: the speed of light is set by the fastest reader of memory we have, not by the one
-a run happens to use. Working sets run from 256 KiB to several times the last-level
+reduction (np.add.reduce), and, when numba is installed, llama-np's compiled f32 matvec
+and its integer decode kernel (a q8_0 matrix times x rounded to int16, the compiled
+decode's default, which asks for its lines ahead: simd.scalar.prefetch). The attainable
+bandwidth at a working set is the best of these streaming kernels there (not the
+reduction): the speed of light is set by the fastest reader of memory we have, not by
+the one a run happens to use. Working sets run from 256 KiB to several times the last-level
 cache; a decode step is held against this curve at its own working set (`attainable`),
 the cache levels the system reports serving as labels only. The result is cached per
 machine (CPU, threads, NumPy/BLAS).
@@ -75,6 +77,7 @@ class Probe:
     sgemm_gflops: float = 0.0
     seconds: float = 0.0
     compiled_gbs: list[float] = field(default_factory=list)  # empty without numba
+    int_gbs: list[float] = field(default_factory=list)  # q8_0 int16 matvec; same
     # compute ceilings, each the best of runs repeated until the two best agree within 10%
     sgemm_runs: list[float] = field(default_factory=list)  # GFLOPS of each run
     compiled_gflops: float = 0.0  # the compiled batch kernel on f32 weights in cache
@@ -112,9 +115,10 @@ class Probe:
         return "DRAM"
 
     def best_gbs(self) -> list[float]:
-        """Per working set, the faster of sgemv and the compiled matvec."""
-        compiled = self.compiled_gbs or [0.0] * len(self.sizes)
-        return [max(a, b) for a, b in zip(self.sgemv_gbs, compiled, strict=True)]
+        """Per working set, the fastest of sgemv and the compiled matvecs (f32, q8_0)."""
+        none = [0.0] * len(self.sizes)
+        return [max(a, b, c) for a, b, c in zip(self.sgemv_gbs, self.compiled_gbs or none,
+                                                self.int_gbs or none, strict=True)]  # fmt: skip
 
     def attainable(self, working_set: int) -> tuple[str, float]:
         """(tier label, bytes/s) for streaming `working_set` bytes: the measured curve
@@ -218,8 +222,10 @@ def reprobe(probe: Probe, working_sets: list[int], threads: int) -> Probe:
             gbs = a.nbytes / _time(partial(np.matmul, a, x), budget) / 1e9
         fresh.sgemv_gbs[i] = max(fresh.sgemv_gbs[i], gbs)
         if fresh.compiled_gbs:
-            gbs = compiled_sweep([(a.nbytes, a)], x, threads, None)[0]
-            fresh.compiled_gbs[i] = max(fresh.compiled_gbs[i], gbs)
+            f32, ints = compiled_sweep([(a.nbytes, a)], x, threads, None)
+            fresh.compiled_gbs[i] = max(fresh.compiled_gbs[i], f32[0])
+            if fresh.int_gbs:
+                fresh.int_gbs[i] = max(fresh.int_gbs[i], ints[0])
     return fresh
 
 
@@ -232,7 +238,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     t_start = time.perf_counter()
     matrices = [(s, probe_matrix(s, rng)) for s in sizes]
     x = rng.random(1024, dtype=np.float32)
-    bar = tqdm(total=2 * len(sizes), desc="probe", unit="size", disable=None if progress else True)
+    bar = tqdm(total=3 * len(sizes), desc="probe", unit="size", disable=None if progress else True)
     with threadpool_limits(threads, user_api="blas"):
         for size, a in matrices:
             budget = time_budget(size)
@@ -245,7 +251,7 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
         probe.sgemm_gflops, probe.sgemm_runs = best_agreeing(
             lambda: 2 * 1024**3 / _time(sgemm, 0.3) / 1e9
         )
-    probe.compiled_gbs = compiled_sweep(matrices, x, threads, bar)
+    probe.compiled_gbs, probe.int_gbs = compiled_sweep(matrices, x, threads, bar)
     compiled_ceilings(probe, threads)
     machine_ceilings(probe, threads)
     bar.close()
@@ -253,26 +259,33 @@ def run_probe(threads: int, progress: bool = True) -> Probe:
     return probe
 
 
-def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm | None) -> list[float]:
-    """The compiled f32 matvec at each size ([] without numba). After the BLAS sweep, so
-    that neither thread pool spins while the other is timed."""
+def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm | None):
+    """GB/s of the compiled f32 matvec at each size, and of the integer decode kernel on
+    a q8_0 matrix of (about) the same bytes, x rounded to int16 (([], []) without numba).
+    After the BLAS sweep, so that neither thread pool spins while the other is timed."""
     from quant.backends import numba_importable
 
     if not numba_importable():
-        return []
+        return [], []
     from quant.backends import numba_backend
     from quant.compiled import set_threads
 
     set_threads(threads)
-    f32 = numba_backend().weight_class("f32")
-    out = []
+    f32, q8_0 = numba_backend().weight_class("f32"), numba_backend().weight_class("q8_0")
+    rng = np.random.default_rng(3)
+    floats, ints = [], []
     for size, a in matrices:
         y = np.empty(a.shape[0], np.float32)
         budget = time_budget(size)
-        out.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
+        floats.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
+        per_row = 1024 // q8_0.layout.weights * q8_0.layout.nbytes
+        q = q8_0.random((max(size // per_row, 1), 1024), rng)
+        y = np.empty(q.shape[0], np.float32)
+        ints.append(q.nbytes / _time(partial(q.matvec_into, x, y, dot="int16"), budget) / 1e9)
+        del q
         if bar is not None:
-            bar.update()
-    return out
+            bar.update(2)
+    return floats, ints
 
 
 def compiled_ceilings(probe: Probe, threads: int) -> None:
@@ -335,8 +348,8 @@ def load_probe(threads: int) -> Probe | None:
         probe = Probe(**d)
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    if probe.compiled_gbs and not probe.fma_gflops:
-        return None  # made before the machine ceilings: probe again
+    if probe.compiled_gbs and not (probe.fma_gflops and probe.int_gbs):
+        return None  # made before the machine ceilings or the integer curve: probe again
     return probe if probe.machine == machine_id(threads) else None
 
 
@@ -369,21 +382,23 @@ def probe_report(p: Probe) -> str:
         f"caches: L2 {c.l2_per_core // KIB} KiB per core x {c.cores} cores, "
         f"L3 {c.l3 // MIB} MiB; probe took {p.seconds:.1f} s",
         "",
-        "| working set | tier (label) | sgemv GB/s | compiled matvec GB/s | reduce GB/s | "
-        "attainable GB/s |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| working set | tier (label) | sgemv GB/s | compiled f32 matvec GB/s | compiled q8_0 "
+        "int16 matvec GB/s | reduce GB/s | attainable GB/s |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     compiled = [f"{c:.1f}" for c in p.compiled_gbs] or ["-"] * len(p.sizes)
-    for s, g, c, r, a in zip(p.sizes, p.sgemv_gbs, compiled, p.reduce_gbs, p.best_gbs(),
-                             strict=True):  # fmt: skip
-        lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c} | {r:.1f} | {a:.1f} |")
+    ints = [f"{c:.1f}" for c in p.int_gbs] or ["-"] * len(p.sizes)
+    for s, g, c, i, r, a in zip(p.sizes, p.sgemv_gbs, compiled, ints, p.reduce_gbs,
+                                p.best_gbs(), strict=True):  # fmt: skip
+        lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c} | {i} | {r:.1f} | "
+                     f"{a:.1f} |")  # fmt: skip
     lines += ["", "A decode step is held against the attainable column at its own working set "
               "(bytes per token), interpolated between the sizes above; beyond the largest, "
               f"the largest ({p.dram_gbs():.1f} GB/s)."]  # fmt: skip
     if slow := p.slow_compiled():
         sizes = ", ".join(size_label(s) for s in slow)
         lines.append(f"Note: the compiled f32 matvec streams under 0.9 of sgemv at {sizes}; "
-                     "the attainable figure there is sgemv's.")  # fmt: skip
+                     "the attainable figure there is the faster kernel's.")  # fmt: skip
     lines += ["", "| arithmetic (best of runs until two agree within 10%) | GFLOPS | runs |",
               "|---|---:|---|"]  # fmt: skip
     for name, best, runs in (

@@ -92,11 +92,13 @@ def probe_of(data: dict) -> Probe:
 
 def render_probe(data: dict, plots: Path) -> str:
     p = probe_of(data)
-    lines = ["| working set | tier (label) | sgemv GB/s | compiled f32 matvec GB/s | "
-             "attainable GB/s |", "|---:|---|---:|---:|---:|"]  # fmt: skip
-    compiled = p.compiled_gbs or [0.0] * len(p.sizes)
-    for s, g, c, a in zip(p.sizes, p.sgemv_gbs, compiled, p.best_gbs(), strict=True):
-        lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c:.1f} | {a:.1f} |")
+    lines = ["| working set | tier (label) | sgemv GB/s | compiled f32 matvec GB/s | compiled "
+             "q8_0 int16 matvec GB/s | attainable GB/s |", "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    none = [0.0] * len(p.sizes)
+    for s, g, c, i, a in zip(p.sizes, p.sgemv_gbs, p.compiled_gbs or none, p.int_gbs or none,
+                             p.best_gbs(), strict=True):  # fmt: skip
+        lines.append(f"| {size_label(s)} | {p.tier_of(s)} | {g:.1f} | {c:.1f} | {i:.1f} | "
+                     f"{a:.1f} |")  # fmt: skip
     lines += ["", f"Arithmetic ceilings: float32 FMA {p.fma_gflops:.0f} GFLOPS, int8 multiply-add "
               f"({p.dot_instruction}) {p.int8_gops:.0f} GOPS, BLAS sgemm {p.sgemm_gflops:.0f} "
               f"GFLOPS (1024^3). The compiled products of 64 vectors reach "

@@ -39,7 +39,8 @@ def big_l3_probe() -> Probe:
     to 47.6 at 128 MiB, 35.5 at 256 MiB and 31.7 at 2 GiB, all in its 'L3' but the last."""
     sizes = [4 * MIB, 128 * MIB, 256 * MIB, 2048 * MIB]
     return Probe("xeon", 2, Caches(2 * MIB, 480 * MIB, 2), sizes, [90.0, 40.0, 30.0, 31.7],
-                 [20.0] * 4, 352.0, compiled_gbs=[114.2, 47.6, 35.5, 17.0])  # fmt: skip
+                 [20.0] * 4, 352.0, compiled_gbs=[114.2, 47.6, 35.5, 17.0],
+                 int_gbs=[60.0, 30.0, 30.0, 20.0])  # fmt: skip
 
 
 def test_attainable_follows_the_curve_at_the_working_set():
@@ -58,7 +59,16 @@ def test_attainable_follows_the_curve_at_the_working_set():
     assert p.dram_gbs() == 31.7 and p.slow_compiled() == [2048 * MIB]
     report = probe_mod.probe_report(p)
     assert "streams under 0.9 of sgemv at 2.15 GB" in report
-    assert "| 128 MiB | L3 | 40.0 | 47.6 | 20.0 | 47.6 |" in report
+    assert "| 128 MiB | L3 | 40.0 | 47.6 | 30.0 | 20.0 | 47.6 |" in report
+
+
+def test_the_integer_decode_kernel_can_set_the_curve():
+    """A size where the q8_0 integer matvec (which asks for its lines ahead) streams faster
+    than sgemv and the compiled f32 matvec is held at its figure: the curve is the fastest
+    reader's, so a step run by that kernel cannot beat its own bound."""
+    p = Probe(**{**big_l3_probe().__dict__, "int_gbs": [60.0, 30.0, 30.0, 36.0]})
+    assert p.best_gbs() == [114.2, 47.6, 35.5, 36.0]
+    assert p.dram_gbs() == 36.0 and p.attainable(8 * 2048 * MIB)[1] == pytest.approx(36.0e9)
 
 
 def test_rows_say_where_on_the_curve_they_were_held():
@@ -81,6 +91,9 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
     assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
+    assert len(p.int_gbs) == len(p.sizes) and min(p.int_gbs) > 0.1
+    curves = zip(p.sgemv_gbs, p.compiled_gbs, p.int_gbs, strict=True)
+    assert p.best_gbs() == [max(t) for t in curves]
     for best, runs in ((p.sgemm_gflops, p.sgemm_runs), (p.compiled_gflops, p.compiled_runs),
                        (p.compiled_q_gflops, p.compiled_q_runs), (p.fma_gflops, p.fma_runs),
                        (p.int8_gops, p.int8_runs)):  # fmt: skip
@@ -92,6 +105,9 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
     p.fma_gflops = 0.0  # a probe saved before the machine ceilings is made again
+    probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2) is None
+    p.fma_gflops, p.int_gbs = 1.0, []  # ... and one saved before the integer curve
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2) is None
 
@@ -243,12 +259,13 @@ def test_reprobe_measures_again_only_around_the_working_sets():
     sizes = [256 << 10, 512 << 10, 1 * MIB, 2 * MIB]
     low, high = 1e-3, 1e6  # GB/s: far below and far above anything a machine reads
     p = Probe("test", 2, Caches(512 << 10, 32 * MIB, 2), sizes, [high, low, low, high],
-              [20.0] * 4, 100.0, compiled_gbs=[high, low, low, high])  # fmt: skip
+              [20.0] * 4, 100.0, compiled_gbs=[high, low, low, high],
+              int_gbs=[high, low, low, high])  # fmt: skip
     fresh = probe_mod.reprobe(p, [700 << 10], 2)  # between 512 KiB and 1 MiB
-    for got in (fresh.sgemv_gbs, fresh.compiled_gbs):
+    for got in (fresh.sgemv_gbs, fresh.compiled_gbs, fresh.int_gbs):
         assert got[0] == got[3] == high  # better than now: kept
         assert low < got[1] < high and low < got[2] < high  # measured again, better: taken
-    assert p.sgemv_gbs == [high, low, low, high] and p.compiled_gbs == [high, low, low, high]
+    assert p.sgemv_gbs == p.compiled_gbs == p.int_gbs == [high, low, low, high]
     beyond = probe_mod.reprobe(p, [64 * MIB], 2)  # past the largest: only the largest
     assert beyond.sgemv_gbs[:3] == [high, low, low]
 
