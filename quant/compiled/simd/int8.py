@@ -58,10 +58,12 @@ def concat(builder, a, b):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
 
 
-def dot_u8(builder, u, s):
+def dot_u8(builder, u, s, init=None):
     """<16 x i32>: lane l = sum over k < 4 of u[4l + k] * s[4l + k], u unsigned bytes, s
-    signed (<64 x i8> each). Exact when no pair u s + u' s' leaves int16 (AVX2), as the
-    callers ensure (module docstring)."""
+    signed (<64 x i8> each), plus init's lane l (a <16 x i32>, or none). Exact when no pair
+    u s + u' s' leaves int16 (AVX2), as the callers ensure (module docstring)."""
+    if init is not None:
+        return dot_u8_add(builder, init, u, s)
     if VNNI:
         return _call(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16,
                      [ir.Constant(I32x16, None), u, s])  # fmt: skip
@@ -83,15 +85,15 @@ def dot_u8(builder, u, s):
     return concat(builder, parts[0], parts[1])
 
 
-def dot_i8(builder, q, s):
+def dot_i8(builder, q, s, init=None):
     """dot_u8 for signed bytes q (int8 codes, -128..127) and s (x, -127..127). On VNNI q is
     read as q + 128, so the caller takes 128 sum(s) off each row's total (q8_block)."""
     if VNNI:
-        return dot_u8(builder, builder.xor(q, ir.Constant(I8x64, [-128] * 64)), s)
+        return dot_u8(builder, builder.xor(q, ir.Constant(I8x64, [-128] * 64)), s, init)
     zero = ir.Constant(I8x64, None)
     negative = builder.icmp_signed("<", q, zero)
     magnitude = builder.select(negative, builder.sub(zero, q), q)  # -128 -> 128 unsigned
-    return dot_u8(builder, magnitude, builder.select(negative, builder.sub(zero, s), s))
+    return dot_u8(builder, magnitude, builder.select(negative, builder.sub(zero, s), s), init)
 
 
 def _load(builder, context, sig, args, k: int, at: int, vt):
@@ -154,12 +156,14 @@ def at_offset(builder, context, sig, args, k: int, at: int, offset: int):
 
 def with_low(builder, lo, lanes, low):
     """lanes (a list of <16 x i32>), the dot products with x's high bytes; where lo != 0
-    (x rounded to int16), each (lanes << 7) + low(), low() computing the same list with
-    x's low bytes, lo bytes on. One branch for the whole list."""
+    (x rounded to int16), each (lanes << 7) + the same dot products with x's low bytes, lo
+    bytes on: low(inits) computes those, each summed into its inits[i] (the shifted
+    lanes: the multiply-adds accumulate into them, no separate add). One branch for the
+    whole list."""
     before = builder.block
     with builder.if_then(builder.icmp_signed("!=", lo, ir.Constant(lo.type, 0)), likely=True):
         seven = ir.Constant(I32x16, [7] * 16)
-        both = [builder.add(builder.shl(h, seven), l) for h, l in zip(lanes, low(), strict=True)]
+        both = low([builder.shl(h, seven) for h in lanes])
         wide = builder.block
     merged = []
     for h, b in zip(lanes, both, strict=True):
@@ -189,14 +193,15 @@ def _q8_into(builder, first, second, xs, lo, xsums, d, xds, accs):
     the rows' float16 scales spread (_spread_f16). The codes are loaded once for every
     vector; one branch on lo for all of them."""
 
-    def dots(ptrs):
+    def dots(ptrs, inits=None):
         out = []
-        for at in ptrs:
+        for j, at in enumerate(ptrs):
             x = _repeat(builder, _bytes_at(builder, at, 32), 2)
-            out += [dot_i8(builder, first, x), dot_i8(builder, second, x)]  # rows 0,1 | 2,3
+            a, b = (None, None) if inits is None else inits[2 * j : 2 * j + 2]
+            out += [dot_i8(builder, first, x, a), dot_i8(builder, second, x, b)]  # rows 0,1 | 2,3
         return out
 
-    lanes = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(h, [lo]) for h in xs]))
+    lanes = with_low(builder, lo, dots(xs), lambda i: dots([builder.gep(h, [lo]) for h in xs], i))
     lo_lanes = [8 * (j // 4) + j % 4 for j in range(16)]  # lanes 0-3 of each row's 8
     hi_lanes = [j + 4 for j in lo_lanes]
     pick = ir.VectorType(I32, 16)
@@ -312,15 +317,16 @@ def _nibble_into(builder, low, high, xs, lo, scs, accs):
     """The 4-bit block (_nibble_codes) times each vector's block at xs[j] (low bytes lo
     on), times its rows' scales scs[j] (<16 x float>), into the lanes at accs[j]."""
 
-    def dots(ptrs):  # elements 0-15 by the low nibbles, 16-31 by the high ones
+    def dots(ptrs, inits=None):  # elements 0-15 by the low nibbles, 16-31 by the high ones
         out = []
-        for at in ptrs:
+        for j, at in enumerate(ptrs):
             first = _repeat(builder, _bytes_at(builder, at, 16), 4)
             second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
-            out.append(dot_u8_add(builder, dot_u8(builder, low, first), high, second))
+            init = None if inits is None else inits[j]
+            out.append(dot_u8_add(builder, dot_u8(builder, low, first, init), high, second))
         return out
 
-    lanes = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(h, [lo]) for h in xs]))
+    lanes = with_low(builder, lo, dots(xs), lambda i: dots([builder.gep(h, [lo]) for h in xs], i))
     for j, acc in enumerate(accs):
         _add_into(builder, acc, lanes[j], scs[j])
 

@@ -166,11 +166,12 @@ def _k_into(builder, fmt: int, block, xs, lo, xd16s, xb16s, accs, mins):
         fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
         return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
 
-    def dots(ptrs):  # the 4 code vectors by their 64 values of each x
-        return [dot_u8(builder, c, _bytes(builder, at, 64 * v, 64))
-                for at in ptrs for v, c in enumerate(codes)]  # fmt: skip
+    def dots(ptrs, inits=None):  # the 4 code vectors by their 64 values of each x
+        inits = inits or [None] * (4 * len(ptrs))
+        return [dot_u8(builder, c, _bytes(builder, at, 64 * v, 64), inits[4 * j + v])
+                for j, at in enumerate(ptrs) for v, c in enumerate(codes)]  # fmt: skip
 
-    sums = with_low(builder, lo, dots(xs), lambda: dots([builder.gep(x, [lo]) for x in xs]))
+    sums = with_low(builder, lo, dots(xs), lambda i: dots([builder.gep(x, [lo]) for x in xs], i))
     da, mb = times(a, d), times(m, dmin)
     for j, acc_at in enumerate(accs):
         w = builder.fmul(da, builder.load(xd16s[j], align=4))
