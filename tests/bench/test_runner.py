@@ -87,8 +87,9 @@ def test_rows_say_where_on_the_curve_they_were_held():
 def test_probe_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_mod, "cache_dir", lambda: tmp_path)  # kernels: the usual cache
     monkeypatch.setattr(Caches, "read", classmethod(lambda cls: Caches(512 << 10, 4 * MIB, 2)))
+    monkeypatch.setattr(probe_mod, "DRAM_FLOOR", 16 * MIB)  # 8 x the L3 here sets the top
     p = probe_mod.run_probe(2, progress=False)  # sizes up to 32 MiB here: a few seconds
-    assert p.sizes[0] == 256 << 10 and p.sizes[-1] >= 8 * 4 * MIB
+    assert p.sizes[0] == 256 << 10 and p.sizes[-1] == 32 * MIB  # 8 x the L3: above the floor
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
     assert len(p.compiled_gbs) == len(p.sizes) and min(p.compiled_gbs) > 0.1  # numba is here
     assert len(p.int_gbs) == len(p.sizes) and min(p.int_gbs) > 0.1
@@ -109,6 +110,11 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     assert probe_mod.load_probe(2) is None
     p.fma_gflops, p.int_gbs = 1.0, []  # ... and one saved before the integer curve
     probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2) is None
+    p.int_gbs = [1.0] * len(p.sizes)
+    probe_mod.save_probe(p)
+    assert probe_mod.load_probe(2) is not None
+    monkeypatch.setattr(probe_mod, "DRAM_FLOOR", 64 * MIB)  # ... and one that stopped short
     assert probe_mod.load_probe(2) is None
 
 
