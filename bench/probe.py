@@ -6,12 +6,12 @@ and its integer decode kernel (a q8_0 matrix times x rounded to int16, the compi
 decode's default, which asks for its lines ahead: simd.scalar.prefetch). The attainable
 bandwidth at a working set is the best of these streaming kernels there (not the
 reduction): the speed of light is set by the fastest reader of memory we have, not by
-the one a run happens to use. Working sets run from 256 KiB to several times the last-level
-cache and to at least DRAM_FLOOR: a VM may serve its guest from more cache than it reports
-(on the Zen 4 of 2026-11-26, reporting 32 MiB of L3, the integer matvec read 256 MiB at
-50-52 GB/s and 1 GiB at 35). A decode step is held against this curve at its own
-working set (`attainable`), the cache levels the system reports serving as labels only.
-The result is cached per machine (CPU, threads, NumPy/BLAS).
+the one a run happens to use. Working sets run from 256 KiB to several times the
+last-level cache and to at least DRAM_FLOOR, so that a model's working set (hundreds of
+MB to a few GB) lies on the measured curve rather than past its end. A decode step is
+held against this curve at its own working set (`attainable`), the cache levels the
+system reports serving as labels only. The result is cached per machine (CPU, threads,
+NumPy/BLAS).
 """
 
 from __future__ import annotations
