@@ -276,12 +276,12 @@ def compiled_sweep(matrices: list, x: np.ndarray, threads: int, bar: tqdm | None
     set_threads(threads)
     f32, q8_0 = numba_backend().weight_class("f32"), numba_backend().weight_class("q8_0")
     rng = np.random.default_rng(3)
+    per_row = 1024 // q8_0.layout.weights * q8_0.layout.nbytes
     floats, ints = [], []
     for size, a in matrices:
         y = np.empty(a.shape[0], np.float32)
         budget = time_budget(size)
         floats.append(a.nbytes / _time(partial(f32(a).matvec_into, x, y), budget) / 1e9)
-        per_row = 1024 // q8_0.layout.weights * q8_0.layout.nbytes
         q = q8_0.random((max(size // per_row, 1), 1024), rng)
         y = np.empty(q.shape[0], np.float32)
         ints.append(q.nbytes / _time(partial(q.matvec_into, x, y, dot="int16"), budget) / 1e9)

@@ -193,12 +193,13 @@ def _q8_into(builder, first, second, xs, lo, xsums, d, xds, accs):
     the rows' float16 scales spread (_spread_f16). The codes are loaded once for every
     vector; one branch on lo for all of them."""
 
-    def dots(ptrs, inits=None):
+    def dots(ptrs, inits=None):  # two lane vectors for each x: rows 0,1 | 2,3
+        inits = inits or [None] * (2 * len(ptrs))
         out = []
         for j, at in enumerate(ptrs):
             x = _repeat(builder, _bytes_at(builder, at, 32), 2)
-            a, b = (None, None) if inits is None else inits[2 * j : 2 * j + 2]
-            out += [dot_i8(builder, first, x, a), dot_i8(builder, second, x, b)]  # rows 0,1 | 2,3
+            out += [dot_i8(builder, first, x, inits[2 * j]),
+                    dot_i8(builder, second, x, inits[2 * j + 1])]  # fmt: skip
         return out
 
     lanes = with_low(builder, lo, dots(xs), lambda i: dots([builder.gep(h, [lo]) for h in xs], i))
@@ -318,11 +319,11 @@ def _nibble_into(builder, low, high, xs, lo, scs, accs):
     on), times its rows' scales scs[j] (<16 x float>), into the lanes at accs[j]."""
 
     def dots(ptrs, inits=None):  # elements 0-15 by the low nibbles, 16-31 by the high ones
+        inits = inits or [None] * len(ptrs)
         out = []
-        for j, at in enumerate(ptrs):
+        for at, init in zip(ptrs, inits, strict=True):
             first = _repeat(builder, _bytes_at(builder, at, 16), 4)
             second = _repeat(builder, _bytes_at(builder, at, 16, 16), 4)
-            init = None if inits is None else inits[j]
             out.append(dot_u8_add(builder, dot_u8(builder, low, first, init), high, second))
         return out
 
