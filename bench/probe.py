@@ -327,16 +327,34 @@ def machine_ceilings(probe: Probe, threads: int) -> None:
 
     set_threads(threads)
     rounds = 1 << 20
-    for kernel, per_round, best, runs in (
-        (peak.int8_peak, peak.INT8_PER_ROUND, "int8_gops", "int8_runs"),
-        (peak.fma_peak, peak.FMA_PER_ROUND, "fma_gflops", "fma_runs"),
-    ):
+    for kernel, per_round, best, runs, reached in (
+        (peak.int8_peak, peak.INT8_PER_ROUND, "int8_gops", "int8_runs",
+         2 * probe.compiled_q_gflops),  # two int8 products per int16 one
+        (peak.fma_peak, peak.FMA_PER_ROUND, "fma_gflops", "fma_runs",
+         max(probe.sgemm_gflops, probe.compiled_gflops)),
+    ):  # fmt: skip
         ops = 2 * rounds * per_round * threads
         run = partial(kernel, rounds, threads)
-        result = best_agreeing(lambda r=run, n=ops: n / _time(r, 0.2) / 1e9)
+        rate = partial(lambda r, n: n / _time(r, 0.2) / 1e9, run, ops)
+        result = not_below(*best_agreeing(rate), rate, reached)
         setattr(probe, best, result[0])
         setattr(probe, runs, result[1])
     probe.dot_instruction = simd.DOT_INSTRUCTION
+
+
+def not_below(best: float, runs: list[float], rate: Callable[[], float], reached: float,
+              tries: int = 3) -> tuple[float, list[float]]:  # fmt: skip
+    """A ceiling under what a product with its instruction already reached was timed on a
+    disturbed machine (two runs of the FMA peak agreed at 141 GFLOPS here while another
+    process held a core; the compiled product had reached 218): run it again, at most
+    `tries` times; still under, the ceiling is what the product reached, since the
+    machine did that much of the arithmetic. Returns (ceiling, every run)."""
+    for _ in range(tries):
+        if best >= reached:
+            break
+        runs.append(rate())
+        best = max(runs)
+    return max(best, reached), runs
 
 
 def probe_path(threads: int) -> Path:
@@ -416,6 +434,7 @@ def probe_report(p: Probe) -> str:
          p.compiled_q_runs),
     ):  # fmt: skip
         if best:
-            lines.append(f"| {name} | {best:.1f} | {', '.join(f'{r:.0f}' for r in runs)} |")
+            lifted = " (no run reached a product's rate: that rate)" if best > max(runs) else ""
+            lines.append(f"| {name} | {best:.1f}{lifted} | {', '.join(f'{r:.0f}' for r in runs)} |")
     lines.append(f"\n{p.threads} threads")
     return "\n".join(lines)

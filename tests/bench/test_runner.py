@@ -83,6 +83,21 @@ def test_rows_say_where_on_the_curve_they_were_held():
     assert f"{bw / 1e9:.1f} at {probe_mod.size_label(r.working_set)} ({tier})" in text
 
 
+def test_ceiling_not_below():
+    def rates(*values):
+        it = iter(values)
+        return lambda: next(it)
+
+    # two low runs that agreed, then a third at the machine's rate: that rate
+    assert probe_mod.not_below(140.0, [140.0, 135.0], rates(236.0), 218.0) == (
+        236.0, [140.0, 135.0, 236.0])  # fmt: skip
+    # never reaching what the product did: three more runs, then the product's rate
+    best, runs = probe_mod.not_below(140.0, [140.0], rates(150.0, 120.0, 160.0, 999.0), 218.0)
+    assert (best, runs) == (218.0, [140.0, 150.0, 120.0, 160.0])
+    # at or above it: untouched, no run more
+    assert probe_mod.not_below(236.0, [236.0], rates(), 218.0) == (236.0, [236.0])
+
+
 @pytest.mark.slow  # sweeps working sets up to 32 MiB: ~10 s
 def test_probe_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_mod, "cache_dir", lambda: tmp_path)  # kernels: the usual cache
@@ -98,11 +113,11 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     for best, runs in ((p.sgemm_gflops, p.sgemm_runs), (p.compiled_gflops, p.compiled_runs),
                        (p.compiled_q_gflops, p.compiled_q_runs), (p.fma_gflops, p.fma_runs),
                        (p.int8_gops, p.int8_runs)):  # fmt: skip
-        assert best == max(runs) > 1 and 1 <= len(runs) <= 8
-    # the ceilings bound what the products reach: f32 under the FMA peak, q8_0 with int16
-    # x under half the int8 one (within the runs' noise)
-    assert p.compiled_gflops < 1.1 * p.fma_gflops
-    assert p.compiled_q_gflops < 1.1 * p.int8_gops / 2
+        assert best >= max(runs) > 1 and 1 <= len(runs) <= 11
+    # the ceilings bound what the products reach (another worker shares the cores here: a
+    # disturbed peak is timed again or takes the product's rate, test_ceiling_not_below)
+    assert p.fma_gflops >= max(p.compiled_gflops, p.sgemm_gflops)
+    assert p.int8_gops >= 2 * p.compiled_q_gflops
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
     p.fma_gflops = 0.0  # a probe saved before the machine ceilings is made again
