@@ -318,7 +318,8 @@ def compiled_ceilings(probe: Probe, threads: int) -> None:
 def machine_ceilings(probe: Probe, threads: int) -> None:
     """The machine's arithmetic ceilings (quant/compiled/peak.py): int8 multiply-adds by
     the integer kernels' byte dot, float32 FMAs on 16 lanes; each the best of runs of
-    ~0.2 s until two agree within 10%."""
+    ~0.2 s until two agree within 10%, and not below what the products reached
+    (not_below: sgemm and the compiled f32 product for FMAs, twice the q8_0 one for int8)."""
     from quant.backends import numba_importable
 
     if not numba_importable():
