@@ -435,7 +435,8 @@ def probe_report(p: Probe) -> str:
          p.compiled_q_runs),
     ):  # fmt: skip
         if best:
-            lifted = " (no run reached a product's rate: that rate)" if best > max(runs) else ""
-            lines.append(f"| {name} | {best:.1f}{lifted} | {', '.join(f'{r:.0f}' for r in runs)} |")
+            lifted = best > max(runs, default=best)  # not_below: no run reached a product
+            mark = " (no run reached a product's rate: that rate)" if lifted else ""
+            lines.append(f"| {name} | {best:.1f}{mark} | {', '.join(f'{r:.0f}' for r in runs)} |")
     lines.append(f"\n{p.threads} threads")
     return "\n".join(lines)

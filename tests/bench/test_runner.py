@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -118,6 +119,8 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     # disturbed peak is timed again or takes the product's rate, test_ceiling_not_below)
     assert p.fma_gflops >= max(p.compiled_gflops, p.sgemm_gflops)
     assert p.int8_gops >= 2 * p.compiled_q_gflops
+    assert "no run reached" not in probe_mod.probe_report(replace(p, fma_gflops=max(p.fma_runs)))
+    assert "no run reached" in probe_mod.probe_report(replace(p, fma_gflops=2 * max(p.fma_runs)))
     probe_mod.save_probe(p)
     assert probe_mod.load_probe(2).sgemv_gbs == p.sgemv_gbs
     p.fma_gflops = 0.0  # a probe saved before the machine ceilings is made again
