@@ -27,14 +27,14 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
 
     from ..kv import KV_FORMATS
     from . import attention, layers, ops
-    from .weights import FEW
+    from .weights import SPLIT
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(256).astype(np.float32)
     for cls in formats.values():
         w = cls.random((5, 256), rng)
         w.matvec(x, dot=dot)
-        for b in range(1, FEW + 2):  # each count of few vectors (fewdot.py), then the panels
+        for b in range(1, SPLIT + 2):  # each count of few vectors (fewdot.py), then the panels
             w.matmul(x[None].repeat(b, 0), dot=dot)
         w.rows(np.array([1]))
     x = x[:64]

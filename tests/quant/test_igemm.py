@@ -19,11 +19,13 @@ import pytest
 
 from quant import intdot
 from quant.compiled import FORMATS, igemm, simd
-from quant.compiled.weights import FEW, f32_stack_into
+from quant.compiled.weights import FEW, SPLIT, f32_stack_into
 from tests.quant.test_intdot import BITS, FMTS, exact_case, random_weight, shape_for
 
 SHAPES = [(1, 1), (5, 3), (17, 1), (33, 10), (70, 3)]  # (rows, blocks)
-VECTORS = [1, 2, 3, FEW, FEW + 1, 9, 17]  # each count up to FEW, tiles of 4 full and partial
+# each count up to FEW, two passes of decode's loop (FEW + 1, SPLIT), the panels' tiles of 4
+# full and partial (SPLIT + 1, 17)
+VECTORS = [1, 2, 3, FEW, FEW + 1, SPLIT, SPLIT + 1, 17]
 FLOATS = ("f32", "f16", "bf16")
 
 
@@ -52,6 +54,20 @@ def test_a_batch_equals_the_reference_exactly(fmt, shape, b, dot):
     x = np.stack([rng.permutation(x0) for _ in range(b)])  # the +-127 / 8 moved: still exact
     x[:, :: 32] = x0[:: 32]  # fmt: skip
     np.testing.assert_array_equal(batch(w, x, dot), reference(fmt, w, x, dot))
+
+
+@pytest.mark.parametrize("dot", BITS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_up_to_split_vectors_each_get_their_bits_alone(fmt, dot):
+    """Up to SPLIT vectors (decode's loop, in passes of at most FEW): each vector's products
+    on random weights are the ones it gets as a batch of one, bit for bit."""
+    rng = np.random.default_rng(11)
+    w = random_weight(FORMATS[fmt], shape_for(fmt, (37, 3)), rng)
+    x = rng.standard_normal((SPLIT, w.shape[1])).astype(np.float32)
+    for b in (FEW + 1, SPLIT):
+        got = batch(w, x[:b], dot)
+        for v in range(b):
+            np.testing.assert_array_equal(got[v], batch(w, x[v : v + 1], dot)[0])
 
 
 @pytest.mark.parametrize("dot", BITS)
