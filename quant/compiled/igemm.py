@@ -102,9 +102,10 @@ def paired_xb(xb16: np.ndarray) -> np.ndarray:
 @kernel(inline=True)
 def ask_ahead(a, g0, part, parts):
     """Ask for part `part` of `parts` of groups g0..g0 + 3 of a (simd.scalar.prefetch):
-    a decoder asks for the next panel's rows while it decodes its own. A thread's panels
-    follow one another in memory, but a panel reads its 4 groups as 4 short streams,
-    which the hardware prefetcher picked up too late."""
+    a decoder asks for the next panel's scales (and q5's bits) while it decodes its own.
+    A thread's panels follow one another in memory, but a panel reads its 4 groups as 4
+    short streams, which the hardware prefetcher picked up too late. The codes, the bulk,
+    are asked for by the tiles (matmat_int)."""
     width = a.shape[1]
     line = max(1, 64 // a.itemsize)
     at = g0 * width
@@ -117,7 +118,6 @@ def panels_q8_0(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
     nb = a1.shape[1] // 4
     steps = -(-nb // 2)
     for b in range(0, nb, 2):
-        ask_ahead(a0, g0 + 4, b // 2, steps)
         ask_ahead(a1, g0 + 4, b // 2, steps)
         panel_q8_0(a0, a1, g0, gvalid, b, min(2, nb - b), dst, dm)
 
@@ -127,7 +127,6 @@ def panels_nibbles(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
     nb = a1.shape[1] // 4
     steps = -(-nb // 2)
     for b in range(0, nb, 2):
-        ask_ahead(a0, g0 + 4, b // 2, steps)
         ask_ahead(a1, g0 + 4, b // 2, steps)
         ask_ahead(a2, g0 + 4, b // 2, steps)
         ask_ahead(a3, g0 + 4, b // 2, steps)
@@ -136,9 +135,9 @@ def panels_nibbles(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
 
 @kernel
 def panels_k(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
-    # no ask_ahead: as in decode (simd.scalar.prefetch), the K-quants spend more
-    # instructions per byte; asking for the next panel made Qwen's q4_k and q6_k products
-    # slower (B = 16, 2 alternations: 0.66-0.72 / 0.78-0.87 ms against 0.64-0.65 / 0.73-0.74)
+    # no ask_ahead (the tiles ask for the next panel's bytes, matmat_int): asked for here,
+    # into L1, the next panel made Qwen's q4_k and q6_k products slower (B = 16, 2
+    # alternations: 0.66-0.72 / 0.78-0.87 ms against 0.64-0.65 / 0.73-0.74)
     for blk in range(a0.shape[1] // (4 * nbytes)):
         if code == 0:
             panel_q2_k(a0, nbytes, g0, gvalid, blk, dst, dm)
@@ -162,18 +161,25 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
     groups = a0.shape[0]
     rows, nvec = out.shape[1], xq.shape[0]
     nsub = xd.shape[1] * 2
+    # Each tile asks for its share of the next panel's bytes (128 per sub-block, into L2:
+    # panels.tile), so that they arrive while the tiles compute. Asked for during the
+    # decode only (ask_ahead), from DRAM a panel cost ~5 cycles a row's block more than in
+    # cache; asked for by the tiles, about what it costs in cache (DEVELOPERS.md)
+    weights = a0.reshape(-1).view(np.uint8)
     for p in prange(-(-groups // 4)):
         t = get_thread_id()
         dst, dm = codes[t], dms[t]
         g0 = 4 * p
         decode(a0, a1, a2, factor, a3, code, nbytes, g0, min(4, groups - g0), dst, dm)
         xrows, orows = np.empty(VECTORS, np.int64), np.empty(VECTORS, np.int64)
+        span = 128 * nsub  # bytes of the next panel each tile asks for (panels.tile)
         for v0 in range(0, nvec, VECTORS):
             for v in range(VECTORS):
                 xrows[v] = min(v0 + v, nvec - 1)  # past the end: the last again, not stored
                 orows[v] = v0 + v if v0 + v < nvec else -1
+            ahead = (g0 + 4) * a0.shape[1] * a0.itemsize + span * (v0 // VECTORS)
             tile(dst, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, ROWS * p,
-                 min(ROWS, rows - ROWS * p), add)  # fmt: skip
+                 min(ROWS, rows - ROWS * p), add, weights, ahead)  # fmt: skip
 
 
 # --- float weights (f16, bf16): the same shape, in float32 (simd/panels.float_tile); f32

@@ -383,7 +383,7 @@ def _dot_run(builder, acc, code, x4, signed: bool):
 
 @intrinsic
 def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, r0,
-         nrows, add):  # fmt: skip
+         nrows, add, ahead, ahead_at):  # fmt: skip
     """out[orows[v], r0:r0 + nrows] (=, or += when add) the sum over sub-blocks s of D_s
     xd[v, s // 2] (c_s . xq[v, 16 s:16 s + 16]) + M_s xb[v, s], for the 4 vectors v of
     xrows (their rows of xq, xd, xb) and a panel (codes, dm: write_panel's layout, nsub
@@ -392,11 +392,14 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     (SIGNED_Q8), not bytes. `paired`: every two sub-blocks 2 j, 2 j + 1 share D and M (a
     format with a scale per 32 weights; nsub even): their integer sums are added before
     the one conversion to float, as decode sums a block of 32 (the weight class's
-    `paired`), and xb[v, j] is the pair's xb16[v, 2 j] + xb16[v, 2 j + 1] (igemm.paired_xb)."""
+    `paired`), and xb[v, j] is the pair's xb16[v, 2 j] + xb16[v, 2 j + 1] (igemm.paired_xb).
+    Each sub-block s also asks for the 2 lines at byte ahead_at + 128 s of `ahead` (bytes;
+    `prefetcht1`, into L2; `prefetcht0`, into L1 too, where the tiles read their panel,
+    gained nothing from DRAM): the next panel's weights (igemm.matmat_int)."""
 
     def codegen(context, builder, sig, args):
         (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, paired_, out_, orows_, r0,
-         nrows, add) = args  # fmt: skip
+         nrows, add, ahead_, ahead_at) = args  # fmt: skip
         sa = sig.args
         cbase = array_ptr(context, builder, sa[0], codes_, const(0))
         dbase = builder.bitcast(array_ptr(context, builder, sa[1], dm_, const(0)), F32.as_pointer())
@@ -418,7 +421,9 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
             builder.bitcast(builder.gep(xbb, [builder.mul(r, xbs)]), F32.as_pointer())
             for r in vrows
         ]
-        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed_, paired_)
+        abase = builder.gep(array_ptr(context, builder, sa[15], ahead_, const(0)), [ahead_at])
+        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed_, paired_,
+                          abase)  # fmt: skip
         store_rows(context, builder, sa[10], out_, sa[11], orows_, r0, nrows, add, accs)
         return context.get_dummy_value()
 
@@ -438,11 +443,23 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
         types.intp,
         types.intp,
         types.intp,
+        ahead,
+        types.intp,
     )
     return sig, codegen
 
 
-def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired):
+def prefetch_line(builder, ptr):
+    """`prefetcht1` of the line of ptr (an i8*; never faults): into L2, not L1."""
+    fn = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32]),
+        "llvm.prefetch.p0",
+    )
+    builder.call(fn, [ptr, const(0, I32), const(2, I32), const(1, I32)])
+
+
+def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired, abase):
     """The loop over sub-blocks, its VECTORS float accumulators in registers; one loop body
     per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8) and of scales
     (per 16 weights, or shared by pairs of sub-blocks)."""
@@ -466,7 +483,7 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, pair
         skip = builder.append_basic_block("tile.next")
         builder.cbranch(cond, body, skip)
         builder.position_at_end(body)
-        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr)
+        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr, abase)
         for v in range(VECTORS):
             builder.store(accs[v], result[v])
         builder.branch(end)
@@ -477,11 +494,14 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, pair
 
 
 def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, signed: bool,
-              paired: bool):  # fmt: skip
+              paired: bool, abase):  # fmt: skip
     """Sub-blocks one at a time, or (paired) two, their integer sums added first."""
     step = 2 if paired else 1
 
     def body(s, accs):
+        for k in range(2 * step):
+            prefetch_line(builder, builder.gep(abase, [builder.add(builder.mul(s, const(128)),
+                                                                   const(64 * k))]))  # fmt: skip
         at = builder.mul(s, const(256))
         runs = [
             load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64)
