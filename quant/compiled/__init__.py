@@ -34,7 +34,8 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     for cls in formats.values():
         w = cls.random((5, 256), rng)
         w.matvec(x, dot=dot)
-        for b in range(1, SPLIT + 2):  # each count of few vectors (fewdot.py), then the panels
+        # each count of few vectors (fewdot.py), two passes of them, then the panels
+        for b in range(1, SPLIT + 2):
             w.matmul(x[None].repeat(b, 0), dot=dot)
         w.rows(np.array([1]))
     x = x[:64]

@@ -166,13 +166,13 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
     # decode only (ask_ahead), from DRAM a panel cost ~5 cycles a row's block more than in
     # cache; asked for by the tiles, about what it costs in cache (DEVELOPERS.md)
     weights = a0.reshape(-1).view(np.uint8)
+    span = 128 * nsub  # bytes of the next panel each tile asks for (panels.tile)
     for p in prange(-(-groups // 4)):
         t = get_thread_id()
         dst, dm = codes[t], dms[t]
         g0 = 4 * p
         decode(a0, a1, a2, factor, a3, code, nbytes, g0, min(4, groups - g0), dst, dm)
         xrows, orows = np.empty(VECTORS, np.int64), np.empty(VECTORS, np.int64)
-        span = 128 * nsub  # bytes of the next panel each tile asks for (panels.tile)
         for v0 in range(0, nvec, VECTORS):
             for v in range(VECTORS):
                 xrows[v] = min(v0 + v, nvec - 1)  # past the end: the last again, not stored

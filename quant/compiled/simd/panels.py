@@ -22,6 +22,7 @@ from ..kinds import CODE_OF, K_FORMATS
 from . import AVX2, VNNI
 from .int8 import I8, I32, F32x16, I8x64, I32x16, dot_i8, dot_u8_add
 from .kquants import DECODERS
+from .scalar import prefetch_ir
 
 I64 = ir.IntType(64)
 F32 = ir.FloatType()
@@ -449,16 +450,6 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     return sig, codegen
 
 
-def prefetch_line(builder, ptr):
-    """`prefetcht1` of the line of ptr (an i8*; never faults): into L2, not L1."""
-    fn = cgutils.get_or_insert_function(
-        builder.module,
-        ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32]),
-        "llvm.prefetch.p0",
-    )
-    builder.call(fn, [ptr, const(0, I32), const(2, I32), const(1, I32)])
-
-
 def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired, abase):
     """The loop over sub-blocks, its VECTORS float accumulators in registers; one loop body
     per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8) and of scales
@@ -500,8 +491,8 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
 
     def body(s, accs):
         for k in range(2 * step):
-            prefetch_line(builder, builder.gep(abase, [builder.add(builder.mul(s, const(128)),
-                                                                   const(64 * k))]))  # fmt: skip
+            at = builder.add(builder.mul(s, const(128)), const(64 * k))
+            prefetch_ir(builder, builder.gep(abase, [at]), 2)  # prefetcht1: into L2
         at = builder.mul(s, const(256))
         runs = [
             load(builder, builder.gep(cbase, [builder.add(at, const(64 * k))]), I8x64)

@@ -204,18 +204,23 @@ def prefetch(typingctx, a, i):
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
-            "llvm.prefetch.p0",
-        )
-        # read, locality 3 (all cache levels), data
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        prefetch_ir(builder, builder.gep(ary.data, [args[1]]), 3)
         return context.get_dummy_value()
 
     return types.none(a, types.intp), codegen
+
+
+def prefetch_ir(builder, ptr, locality: int) -> None:
+    """Ask for the line of ptr for reading: locality 3 `prefetcht0` (every level), 2
+    `prefetcht1` (L2 and beyond)."""
+    ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+        "llvm.prefetch.p0",
+    )
+    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
 @kernel(inline=True)
