@@ -9,12 +9,14 @@ an idle llama-np (between chat turns) gives its cores back almost at once. When 
 cannot be loaded, numba falls back to its workqueue layer, and `threading_layer()` says so.
 
 Kernels are compiled on first use and cached on disk (`cache=True`): only the first run
-on a machine pays the compile time.
+on a machine pays the compile time. Processes that share the cache (two llama-np at once,
+the test workers) take turns at it (LockedIndex).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 import numba
 from numba import types
 from numba.core.base import BaseContext
+from numba.core.caching import IndexDataCacheFile
 from numba.core.cpu_options import ParallelOptions
 from numba.core.registry import CPUDispatcher
 
@@ -93,6 +96,33 @@ def _declare_function(declare):
 BaseContext.declare_function = _declare_function(BaseContext.declare_function)
 
 
+class LockedIndex(IndexDataCacheFile):
+    """numba's cache of one function (an index of its specializations, a data file each),
+    read and written under a lock on its folder, so that processes sharing the cache take
+    turns. numba's own `save` reads the index, picks the first free data file's name and
+    writes both: two processes saving two specializations at once both picked `.1.nbc`,
+    and the index could end up naming one's data for the other's types. Every process
+    that loaded it then crashed (the CI run of 8185da8: eight pytest workers in a row)."""
+
+    @contextlib.contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
+        os.makedirs(self._cache_path, exist_ok=True)
+        with open(os.path.join(self._cache_path, ".lock"), "a") as f:
+            fcntl.flock(f, mode)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def save(self, key, data):
+        with self._locked(fcntl.LOCK_EX):
+            super().save(key, data)
+
+    def load(self, key):
+        with self._locked(fcntl.LOCK_SH):
+            return super().load(key)
+
+
 def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     """@kernel: compiled with numba, cached on disk, float32 fast math as above.
 
@@ -116,9 +146,10 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     options |= dict(inline="always" if inline else "never")
 
     def wrap(f):
-        if inline:
-            return numba.njit(f, **options)
         dispatcher = numba.njit(f, **options)
+        dispatcher._cache._cache_file.__class__ = LockedIndex
+        if inline:
+            return dispatcher
         dispatcher.__class__ = OutOfLine
         # its name, not a random one: a kernel passed to another as an argument is part of
         # that one's signature, and its disk cache finds it again in the next process by
