@@ -21,6 +21,7 @@ import numpy as np
 from bench.probe import machine_id
 from quant import compiled
 from quant.compiled import FORMATS, weights
+from quant.errors import QuantError
 
 WORKING_SET = 128 << 20
 
@@ -49,31 +50,45 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--panels", action="store_true", help="also the panels at every B")
     args = ap.parse_args()
-    shape = tuple(int(s) for s in args.shape.split("x"))
+    try:
+        shape = tuple(int(s) for s in args.shape.split("x"))
+        bs = [int(s) for s in args.batch.split(",")]
+    except ValueError:
+        ap.error("--shape is ROWSxCOLUMNS and --batch a list of integers")
+    if len(shape) != 2 or min(shape) < 1 or not all(1 <= b <= 64 for b in bs):
+        ap.error("--shape is ROWSxCOLUMNS, each at least 1, and every B 1 to 64")
+    formats = args.formats.split(",")
+    if unknown := [f for f in formats if f not in FORMATS]:
+        ap.error(f"unknown format {unknown[0]} (known: {', '.join(sorted(FORMATS))})")
     compiled.set_threads(2)
     rng = np.random.default_rng(0)
-    few = weights.FEW
+    for fmt in formats:
+        try:
+            FORMATS[fmt].random(shape, rng)
+        except QuantError as e:
+            ap.error(str(e))
+    few, split = weights.FEW, weights.SPLIT
     x = rng.standard_normal((64, shape[1])).astype(np.float32)
     out = np.empty((64, shape[0]), np.float32)
     print(f"Machine: {machine_id(2)}. Shape {shape[0]} x {shape[1]}, x as {args.dot}.\n")
     print("| format | decode us (1 vector) | B | matmat us | / decode |"
           + (" panels / decode |" if args.panels else ""))  # fmt: skip
     print("|---|---:|---:|---:|---:|" + ("---:|" if args.panels else ""))
-    for fmt in args.formats.split(","):
+    for fmt in formats:
         cls = FORMATS[fmt]
         n = max(2, -(-WORKING_SET // cls.random(shape, rng).nbytes))
         ws = [cls.random(shape, rng) for _ in range(n)]
         one = seconds(ws, lambda w: w.matvec_into(x[0], out[0], dot=args.dot), args.rounds)
-        for b in (int(s) for s in args.batch.split(",")):
+        for b in bs:
             xb, ob = x[:b], out[:b]
             t = seconds(ws, lambda w, xb=xb, ob=ob: w.matmat_into(xb, ob, False, args.dot),
                         args.rounds)  # fmt: skip
             cells = [fmt, f"{one * 1e6:.0f}", str(b), f"{t * 1e6:.0f}", f"{t / one:.2f}"]
             if args.panels:
-                weights.FEW = 0  # every product to the panels
+                weights.FEW = weights.SPLIT = 0  # every product to the panels
                 p = seconds(ws, lambda w, xb=xb, ob=ob: w.matmat_into(xb, ob, False, args.dot),
                             args.rounds)  # fmt: skip
-                weights.FEW = few
+                weights.FEW, weights.SPLIT = few, split
                 cells.append(f"{p / one:.2f}")
             print("| " + " | ".join(cells) + " |")
 
