@@ -19,6 +19,7 @@ WORKER = f"""
 import os, sys, time
 from quant.compiled.jit import LockedIndex
 cache = LockedIndex(cache_path=sys.argv[1], filename_base="k", source_stamp=(1.0, 1))
+open(os.path.join(sys.argv[1], "ready-" + sys.argv[2]), "w").close()
 while not os.path.exists(os.path.join(sys.argv[1], "go")):
     time.sleep(0.001)
 for i in range({SAVES}):
@@ -31,8 +32,11 @@ def test_processes_saving_at_once_keep_every_specialization_under_its_own_data(t
         subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), name], cwd=ROOT)
         for name in ("a", "b")
     ]
-    time.sleep(2)  # both imported and waiting: then they start together
-    (tmp_path / "go").touch()
+    waited = time.monotonic()
+    while not all((tmp_path / f"ready-{name}").exists() for name in ("a", "b")):
+        assert time.monotonic() - waited < 120 and all(w.poll() is None for w in workers)
+        time.sleep(0.01)
+    (tmp_path / "go").touch()  # both imported and waiting: they start together
     assert [w.wait(timeout=120) for w in workers] == [0, 0]
     cache = LockedIndex(cache_path=str(tmp_path), filename_base="k", source_stamp=(1.0, 1))
     index = cache._load_index()
