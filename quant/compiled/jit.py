@@ -106,13 +106,16 @@ class LockedIndex(IndexDataCacheFile):
 
     @contextlib.contextmanager
     def _locked(self, mode: int) -> Iterator[None]:
-        os.makedirs(self._cache_path, exist_ok=True)
-        with open(os.path.join(self._cache_path, ".lock"), "a") as f:
-            fcntl.flock(f, mode)
+        """Inside, the folder's lock (released as its file closes); where the file system
+        gives none (no lock file can be made, flock refused), numba's unlocked way."""
+        with contextlib.ExitStack() as stack:
             try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                os.makedirs(self._cache_path, exist_ok=True)
+                f = stack.enter_context(open(os.path.join(self._cache_path, ".lock"), "a"))
+                fcntl.flock(f, mode)
+            except OSError:
+                pass
+            yield
 
     def save(self, key, data):
         with self._locked(fcntl.LOCK_EX):

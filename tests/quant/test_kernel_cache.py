@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from quant.compiled import jit
 from quant.compiled.jit import LockedIndex
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,6 +18,7 @@ SAVES = 300
 
 WORKER = f"""
 import os, sys, time
+from quant.compiled import jit
 from quant.compiled.jit import LockedIndex
 cache = LockedIndex(cache_path=sys.argv[1], filename_base="k", source_stamp=(1.0, 1))
 open(os.path.join(sys.argv[1], "ready-" + sys.argv[2]), "w").close()
@@ -42,3 +44,14 @@ def test_processes_saving_at_once_keep_every_specialization_under_its_own_data(t
     index = cache._load_index()
     assert sorted(index) == sorted((name, i) for name in ("a", "b") for i in range(SAVES))
     assert all(cache.load(key) == key for key in index)
+
+
+def test_a_file_system_without_locks_saves_and_loads_as_numba_does(tmp_path, monkeypatch):
+    def refused(f, mode):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(jit.fcntl, "flock", refused)
+    cache = LockedIndex(cache_path=str(tmp_path), filename_base="k", source_stamp=(1.0, 1))
+    cache.save(("a", 1), "machine code")
+    assert cache.load(("a", 1)) == "machine code"
+    assert cache.load(("a", 2)) is None
