@@ -24,10 +24,19 @@ from .jit import kernel
 from .matvec import CHUNK, GROUP, PER, lane_sum, put, spread
 from .simd.int8 import q4_dot_n, q5_dot_n, q8_block_n
 from .simd.kquants import kn_block_q2, kn_block_q3, kn_block_q4, kn_block_q5, kn_block_q6
-from .simd.lanes import fma16_rows_n_bf16, fma16_rows_n_f16, fma16_rows_n_f32, zero16
+from .simd.lanes import (
+    fma16_row_n_bf16,
+    fma16_row_n_f16,
+    fma16_row_n_f32,
+    fma16_rows_n_bf16,
+    fma16_rows_n_f16,
+    fma16_rows_n_f32,
+    zero16,
+)
 from .simd.scalar import ahead, row, stack_f32
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)
+SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a time
 
 
 @kernel(inline=True)
@@ -135,25 +144,32 @@ def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, vs, c0, c1, add, out):
 
 @kernel(inline=True)
 def float_rows(w, x, vs, r, nr, add, out, fma, acc):
-    """out[vs[k], r:r + nr] (=, or += when add) rows r:r + nr (at most GROUP) of the float
-    weights w times each vector: `fma` (simd.lanes' fma16_rows_n_ of w's kind) sums 16
-    lanes per row and vector in registers, each row's weights loaded once for every
-    vector, then each row's lanes are added up."""
+    """out[vs[k], r:r + nr] (=, or += when add) rows r:r + nr of the float weights w times
+    each vector: `fma` (simd.lanes' fma16_rows_n_ or fma16_row_n_ of w's kind) sums them
+    in registers, each row's weights loaded once for every vector, into acc[n i + k]."""
     n = len(vs)
     fma(w, r, nr, x, vs, acc)
     for i in range(nr):
         for k in range(n):
-            put(out[vs[k]], r + i, lane_sum(acc, 16 * (n * i + k)), add)
+            put(out[vs[k]], r + i, acc[n * i + k], add)
 
 
 @kernel(inline=True)
-def rows_float(w, x, vs, c0, c1, add, out, fma):
+def rows_float(w, x, vs, c0, c1, add, out, fma4, fma1):
     """Chunks c0:c1 of out (B, rows) (=, or += when add) the vectors vs of x (B, cols)
-    times the float weights w (rows, cols), GROUP rows at a time (float_rows)."""
+    times the float weights w (rows, cols) (float_rows): GROUP rows at a time (fma4), each
+    x loaded once for 4 rows, or, for rows shorter than SHORT_ROW bytes, one row at a time
+    (fma1), so that a thread's weights are one sequential stream, which the hardware
+    prefetcher follows where 4 streams of short rows it does not (DEVELOPERS.md, "f32
+    rows one at a time")."""
     r0, end = c0 * CHUNK, min(w.shape[0], c1 * CHUNK)
-    acc = carray(stack_f32(256), 256)  # 16 lanes x GROUP rows x FEW vectors
-    for r in range(r0, end, GROUP):
-        float_rows(w, x, vs, r, min(GROUP, end - r), add, out, fma, acc)
+    acc = carray(stack_f32(16), 16)  # GROUP rows x FEW vectors
+    if w.shape[1] * w.itemsize < SHORT_ROW:
+        for r in range(r0, end):
+            float_rows(w, x, vs, r, 1, add, out, fma1, acc)
+    else:
+        for r in range(r0, end, GROUP):
+            float_rows(w, x, vs, r, min(GROUP, end - r), add, out, fma4, acc)
 
 
 # --- the formats' entries for matmat_few: (w: the weight's row operands, xs: igemm's
@@ -183,17 +199,17 @@ def few_k(w, xs, vs, c0, c1, add, out):
 
 @kernel
 def few_f32(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f32)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f32, fma16_row_n_f32)
 
 
 @kernel
 def few_f16(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f16)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_f16, fma16_row_n_f16)
 
 
 @kernel
 def few_bf16(w, xs, vs, c0, c1, add, out):
-    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_bf16)
+    rows_float(w[0], xs, vs, c0, c1, add, out, fma16_rows_n_bf16, fma16_row_n_bf16)
 
 
 @kernel(parallel=True)

@@ -86,11 +86,12 @@ def test_random_batches_within_float_rounding_of_the_reference(fmt, b, dot):
 
 
 @pytest.mark.parametrize("b", [1, 2, FEW, 5, 8, 9, 17, 33, 48])
-@pytest.mark.parametrize("cols", [7, 16, 40, 100])
+@pytest.mark.parametrize("cols", [7, 16, 40, 100, 1037, 2071])
 @pytest.mark.parametrize("rows", [1, 15, 17, 50])
 @pytest.mark.parametrize("fmt", FLOATS)
 def test_float_batches_equal_the_dequantized_product(fmt, rows, cols, b):
-    """f32, f16, bf16 at any width (masked ends of rows and panels): x @ W.T in float64,
+    """f32, f16, bf16 at any width (masked ends of rows and panels; rows of fewer and more
+    than fewdot.SHORT_ROW bytes, one at a time and in groups of 4): x @ W.T in float64,
     within float32 rounding; added in place too."""
     rng = np.random.default_rng(rows * cols + b)
     w = FORMATS[fmt].from_float(rng.standard_normal((rows, cols)).astype(np.float32))
@@ -144,14 +145,15 @@ def test_a_stack_of_f32_parts_shares_one_transposed_x(b, add):
 
 
 @pytest.mark.parametrize("b", [2, 3, FEW])
-@pytest.mark.parametrize("cols", [7, 16, 40, 100])
+@pytest.mark.parametrize("cols", [7, 16, 40, 100, 1037, 2071])
 @pytest.mark.parametrize("rows", [1, 3, 4, 15, 17, 50])
 @pytest.mark.parametrize("fmt", FLOATS)
 def test_a_few_float_vectors_each_get_their_bits_alone(fmt, rows, cols, b):
-    """Up to FEW vectors on a float format (fewdot.float_rows: a group of 4 rows in one
-    register loop, the rows past the last group one by one): each vector's products are
-    the ones it gets as a batch of one, bit for bit, at widths that are not multiples of
-    16, whatever the other vectors hold (one of them inf)."""
+    """Up to FEW vectors on a float format (fewdot.rows_float: short rows one at a time,
+    long ones in groups of 4 in one register loop, the rows past the last group one by
+    one): each vector's products are the ones it gets as a batch of one, bit for bit, at
+    widths that are not multiples of 16 or 32, whatever the other vectors hold (one of
+    them inf)."""
     rng = np.random.default_rng(rows * cols + b)
     w = FORMATS[fmt].from_float(rng.standard_normal((rows, cols)).astype(np.float32))
     x = rng.standard_normal((b, cols)).astype(np.float32)

@@ -233,21 +233,37 @@ def _i64(builder, v):
 
 
 I64 = ir.IntType(64)
-GROUP_ROWS = 4  # rows fma16_rows_n takes: a group of the compiled layout (matvec.GROUP)
 
 
-def _rows_fma_n(kind: str):
+def _hsum(builder, v):
+    """The 16 lanes of v added as a tree: halves, then quarters, down to one float."""
+    width = LANES
+    while width > 1:
+        width //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                      list(range(width))))  # fmt: skip
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                      list(range(width, 2 * width))))  # fmt: skip
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
+def _rows_fma_n(kind: str, rows: int):
+    unroll = 2 if rows == 1 else 1  # 16-lane sums per row and vector
+
     def fma16_rows_n(typingctx, w, r, nr, x, vs, acc):
-        """acc[16 (n i + k) : 16 (n i + k) + 16] = the lanes of w[r + i] * x[vs[k]] summed
-        16 columns at a time, for the rows i < nr (at most 4; the others read row r and are
-        not to be used) of the 2-D C-contiguous `w` (`kind`: float32, or float16 /
-        bfloat16 bits widened) and the n vectors k of vs (rows of the float32 x): one loop
-        with the 4 n accumulators in registers, each weight loaded once for every vector,
-        and the columns past the last 16 in one masked step. Each vector's lanes are the
-        same whichever vectors are beside it. (A loop of one-row calls left the
-        accumulators in memory, a load and a store around every FMA, read in the assembly;
-        and a scalar loop over the last columns summed them in a different order for 4
-        vectors than for 1, LLVM vectorizing the other way.)"""
+        """acc[n i + k] = w[r + i] . x[vs[k]] for the rows i < nr (at most `rows`; the
+        others read row r and are not to be used) of the 2-D C-contiguous `w` (`kind`:
+        float32, or float16 / bfloat16 bits widened) and the n vectors k of vs (rows of
+        the float32 x): one loop with the accumulators of 16 lanes in registers, each
+        weight loaded once for every vector, the columns past the last 16 (32 for one
+        row) in one masked step, then each sum's lanes added as a tree. One row keeps two
+        sums of 16 lanes, alternate columns' (8 chains of FMAs for 4 vectors, where 4 would
+        wait on the FMA's latency). Each row's and vector's sum is the same whichever
+        vectors are beside it. (A loop of one-row calls left the accumulators in memory,
+        a load and a store around every FMA, read in the assembly; and a scalar loop over
+        the last columns summed them in a different order for 4 vectors than for 1, LLVM
+        vectorizing the other way.)"""
 
         def codegen(context, builder, sig, args):
             wa = context.make_array(sig.args[0])(context, builder, args[0])
@@ -257,7 +273,7 @@ def _rows_fma_n(kind: str):
             r, nr = (_i64(builder, v) for v in args[1:3])
             n = sig.args[4].count
             wrows = []
-            for i in range(GROUP_ROWS):
+            for i in range(rows):
                 ok = builder.icmp_signed("<", ir.Constant(I64, i), nr)
                 row = builder.add(r, builder.select(ok, ir.Constant(I64, i), ir.Constant(I64, 0)))
                 wrows.append(builder.gep(wa.data, [builder.mul(row, cols)]))
@@ -267,34 +283,46 @@ def _rows_fma_n(kind: str):
                 v = _i64(builder, builder.extract_value(args[4], k))
                 xrows.append(builder.gep(xa.data, [builder.mul(v, xwidth)]))
 
-            def step(j, accs, mask=None):
-                xs = [_masked(builder, builder.gep(p, [j]), "f32", mask) for p in xrows]
+            def step(j, accs, masks=(None,) * unroll):
+                """accs: per 16-column part u, then row i, then vector k."""
                 new = []
-                for i in range(GROUP_ROWS):
-                    lanes = _masked(builder, builder.gep(wrows[i], [j]), kind, mask)
-                    for k in range(n):
-                        product = builder.fmul(lanes, xs[k], flags=["contract"])
-                        new.append(builder.fadd(accs[n * i + k], product, flags=["contract"]))
+                for u, mask in enumerate(masks):
+                    at = builder.add(j, ir.Constant(I64, LANES * u))
+                    xs = [_masked(builder, builder.gep(p, [at]), "f32", mask) for p in xrows]
+                    for i in range(rows):
+                        lanes = _masked(builder, builder.gep(wrows[i], [at]), kind, mask)
+                        for k in range(n):
+                            product = builder.fmul(lanes, xs[k], flags=["contract"])
+                            a = accs[(u * rows + i) * n + k]
+                            new.append(builder.fadd(a, product, flags=["contract"]))
                 return new
 
-            full = builder.mul(builder.sdiv(cols, ir.Constant(I64, LANES)), ir.Constant(I64, LANES))
-            sums = accumulate(builder, full, LANES, GROUP_ROWS * n, step, "rows_n")
-            mask = first_lanes(builder, builder.trunc(builder.sub(cols, full), ir.IntType(32)))
-            tail = step(full, sums, mask)  # an empty mask reads nothing
-            some = builder.icmp_signed(">", cols, full)
-            merged = [builder.select(some, t, v) for t, v in zip(tail, sums, strict=True)]
-            f32x16 = ir.VectorType(ir.FloatType(), LANES)
-            for at, value in enumerate(merged):
-                ap = builder.gep(acc.data, [ir.Constant(I64, LANES * at)])
-                builder.store(value, builder.bitcast(ap, f32x16.as_pointer()), align=4)
+            span = LANES * unroll
+            full = builder.mul(builder.sdiv(cols, ir.Constant(I64, span)), ir.Constant(I64, span))
+            sums = accumulate(builder, full, span, unroll * rows * n, step, "rows_n")
+            left = builder.trunc(builder.sub(cols, full), ir.IntType(32))
+            masks = [first_lanes(builder, builder.sub(left, ir.Constant(left.type, LANES * u)))
+                     for u in range(unroll)]  # fmt: skip
+            tail = step(full, sums, masks)  # an empty mask reads nothing
+            merged = []
+            for u in range(unroll):
+                some = builder.icmp_signed(">", left, ir.Constant(left.type, LANES * u))
+                part = slice(u * rows * n, (u + 1) * rows * n)
+                merged.append([builder.select(some, t, v)
+                               for t, v in zip(tail[part], sums[part], strict=True)])  # fmt: skip
+            totals = merged[0]
+            for more in merged[1:]:
+                totals = [builder.fadd(a, b) for a, b in zip(totals, more, strict=True)]
+            for at, value in enumerate(totals):
+                builder.store(_hsum(builder, value), builder.gep(acc.data, [ir.Constant(I64, at)]))
 
         return types.void(w, types.intp, types.intp, x, vs, acc), codegen
 
-    fma16_rows_n.__name__ = f"fma16_rows_n_{kind}"
+    fma16_rows_n.__name__ = f"fma16_rows{rows}_n_{kind}"
     return intrinsic(fma16_rows_n)
 
 
-# a group of 4 rows of float weights times several vectors (fewdot.float_rows)
-fma16_rows_n_f32, fma16_rows_n_f16, fma16_rows_n_bf16 = (
-    _rows_fma_n(k) for k in ("f32", "f16", "bf16")
-)
+# a group of 4 rows of float weights, or one row, times several vectors (fewdot.rows_float)
+KINDS = ("f32", "f16", "bf16")
+fma16_rows_n_f32, fma16_rows_n_f16, fma16_rows_n_bf16 = (_rows_fma_n(k, 4) for k in KINDS)
+fma16_row_n_f32, fma16_row_n_f16, fma16_row_n_bf16 = (_rows_fma_n(k, 1) for k in KINDS)
