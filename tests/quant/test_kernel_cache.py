@@ -18,7 +18,6 @@ SAVES = 300
 
 WORKER = f"""
 import os, sys, time
-from quant.compiled import jit
 from quant.compiled.jit import LockedIndex
 cache = LockedIndex(cache_path=sys.argv[1], filename_base="k", source_stamp=(1.0, 1))
 open(os.path.join(sys.argv[1], "ready-" + sys.argv[2]), "w").close()
