@@ -178,7 +178,7 @@ def kernels_list(text: str) -> list[str]:
 
 
 BENCH_ARGS = [
-    *[(names, kw | dict(choices=sorted(FORMATS), help=kw["help"] + "; a synthetic model takes the K-quants too (random codes)")) if names[0] in ("--weights", "--head")
+    *[(names, kw | dict(choices=sorted(FORMATS) + (GGUF_MIXES if names[0] == "--weights" else []), help=kw["help"] + "; a synthetic model takes the K-quants too (random codes); with --endpoint, llama.cpp's mixed file types too")) if names[0] in ("--weights", "--head")
       else (names, kw | dict(type=kernels_list, default=["auto"], choices=None, help=kw["help"] + "; bench takes several, comma-separated (numpy,numba): their rows in one table")) if names[0] == "--kernels"
       else (names, kw) for names, kw in MODEL_ARGS],
     KV_ARG,
@@ -193,7 +193,7 @@ BENCH_ARGS = [
     (("--endpoint",), dict(metavar="URL", help="measure an OpenAI-compatible server instead (llama-np serve, llama.cpp's, vLLM), e.g. http://127.0.0.1:8080/v1: streaming completions at each --concurrency")),
     (("--concurrency",), dict(type=batches, default=(1, 4, 16), help="with --endpoint: comma-separated requests in flight at once (default: 1,4,16)")),
     (("--api-model",), dict(metavar="NAME", help="with --endpoint: the model name sent (default: the first of GET /v1/models)")),
-    (("--config",), dict(help="with --endpoint: the served model's shape (a preset, config.json or checkpoint directory) for the speed of light, with --weights (default: llama-np's server describes its own)")),
+    (("--config",), dict(help="with --endpoint: the served model for the speed of light: its GGUF file (shape and each tensor's type), a `pull` alias, a preset, a config.json or a checkpoint directory, with --weights (default: llama-np's server describes its own)")),
     *DEVICE_ARGS,
 ]
 SERVE_ARGS = [
@@ -208,6 +208,7 @@ SERVE_ARGS = [
     (("--max-queue",), dict(type=int, default=64, help="requests that may wait for a slot; more get 503 and Retry-After (default: %(default)s)")),
     (("--shutdown-timeout",), dict(type=float, default=10.0, help="seconds running requests get to finish after SIGTERM or ^C before they are cancelled (default: %(default)s)")),
     (("--alias",), dict(help="the model's name in the API (default: the model's own)")),
+    (("-v", "--verbose"), dict(action="store_true", help="log each request (uvicorn's access log) and a failed request's traceback (default: one line per failure)")),
 ]
 BENCH_OUTPUT = [  # mutually exclusive
     (("--json",), dict(action="store_true", help="JSON output")),

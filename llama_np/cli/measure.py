@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arch import ConfigError, load_config
@@ -221,6 +222,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.endpoint:
         return bench_endpoint(args)
+    if args.weights is not None and args.weights not in FORMATS:
+        raise UsageError(
+            f"--weights {args.weights}: llama.cpp's mixed file type, for "
+            "--endpoint's --config only (llama-np converts to one format)"
+        )
     warmup = Settings.warmup
     if args.n_predict <= warmup:
         raise UsageError(f"bench times the decode steps after the first {warmup} (warm-up): "
@@ -250,9 +256,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def bench_endpoint(args: argparse.Namespace) -> int:
     """`bench --endpoint URL`: a server's streams at each concurrency, held against the speed
-    of light of that many sequences (bench/endpoint.py)."""
+    of light of that many sequences (bench/endpoint.py). --config and --weights are read
+    before the first request: a mistake there must not cost the measurement."""
     from bench import endpoint, report
 
+    shape = endpoint_shape(args)
     base = args.endpoint.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
     try:
@@ -262,7 +270,7 @@ def bench_endpoint(args: argparse.Namespace) -> int:
                                 args.reps)  # fmt: skip
     except endpoint.EndpointError as e:
         raise LlamaNpError(str(e)) from None
-    hold_endpoint(rows, args, base, info)
+    hold_endpoint(rows, args, base, info, shape)
     if args.json:
         print(report.json_text(rows, {"endpoint": base}))
     elif args.csv:
@@ -273,35 +281,80 @@ def bench_endpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def hold_endpoint(rows: list, args: argparse.Namespace, base: str, info: dict | None) -> None:
-    """The speed of light of each concurrency: the shape from --config/--weights (bytes at
-    rest), else the one llama-np's server describes (its layout, its kernels' ceiling);
-    the device from --device/--peak-gbs, else this machine's probe for a local server."""
+Shape = tuple  # (Config, weights: a format or a per-layer plan, head format, embed format)
+
+
+def endpoint_shape(args: argparse.Namespace) -> Shape | None:
+    """The served model's shape and formats from --config: a GGUF file (its metadata and
+    each tensor's type, unless --weights says otherwise), a `pull` alias (its file), a
+    preset or a config.json (in --weights: a format, or one of llama.cpp's mixed file types
+    as `sol --weights` takes them). None without --config."""
+    from llama_np.io.gguf import gguf_shape
+    from llama_np.io.hub import MODELS, pull
+
+    if args.config is None:
+        if args.weights:
+            raise UsageError("--weights with --endpoint describes --config's model: give both")
+        return None
+    path = pull(args.config) if args.config in MODELS else Path(args.config)
+    if path.is_file() and path.suffix == ".gguf":
+        config, plan, head, embed = gguf_shape(path)
+        if args.weights is None:
+            return config, plan, args.head or head, embed
+    else:
+        try:
+            config = load_config(args.config)
+        except ConfigError as e:
+            if not path.exists():
+                raise UsageError(f"--config {args.config!r} is neither a GGUF file, a `pull` "
+                                 f"alias ({', '.join(MODELS)}), a preset nor a config.json "
+                                 "(`llama-np sol --help` lists the presets)") from None  # fmt: skip
+            raise UsageError(str(e)) from None
+    return config, *weights_of(args.weights or "f32", args.head, config)
+
+
+def weights_of(weights: str, head: str | None, config) -> tuple:
+    """(weights, head, embed) for a format of llama-np's or one of llama.cpp's mixed file
+    types (q4_k_m ...: each tensor's type as its quantizer picks it, bench.published)."""
+    from bench.published import GGUF, gguf_plan
+
+    if weights.upper() in GGUF and weights not in FORMATS:
+        plan, mixed_head, embed = gguf_plan(weights.upper(), config)
+        return plan, head or mixed_head, embed
+    if weights not in FORMATS:
+        raise UsageError(f"--weights {weights}: not a format ({', '.join(sorted(FORMATS))}) "
+                         "nor one of llama.cpp's mixed file types")  # fmt: skip
+    return weights, head, None
+
+
+def hold_endpoint(rows: list, args: argparse.Namespace, base: str, info: dict | None,
+                  shape: Shape | None) -> None:  # fmt: skip
+    """The speed of light of each concurrency: `shape` (endpoint_shape: bytes at rest),
+    else the one llama-np's server describes (its layout, its kernels' ceiling); the
+    device from --device/--peak-gbs, else this machine's probe for a local server."""
     from urllib.parse import urlparse
 
     from arch import Config
     from bench.endpoint import hold
     from bench.sol import weights_label
+    from quant.backends import FLOATS
 
     device = device_of(args)
     local = urlparse(base).hostname in ("127.0.0.1", "localhost", "::1")
     probe = probe_for(args.threads or usable_cores()) if local and device is None else None
-    if args.config:
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            raise UsageError(str(e)) from None
-        weights, kw = args.weights or "f32", {"engine": False, "head": args.head}
-        backend, dot = "numba", "int8" if weights not in ("f32", "f16", "bf16") else "f32"
+    if shape is not None:
+        config, weights, head, embed = shape
+        kw = {"engine": False, "head": head, "embed": embed}
+        backend, dot = "numba", "int8" if weights_label(weights) not in FLOATS else "f32"
     elif info is not None:
         config, weights = Config.from_dict(info["config"]), info["weights"]
         kw = {"head": info["head"], "embed": info["embed"], "kernels": info["kernels"]}
         backend, dot = info["kernels"], info["dot"]
     else:
-        print("llama-np: note: give --config and --weights to hold the rows against the "
+        print("llama-np: note: give --config (and --weights) to hold the rows against the "
               "speed of light", file=sys.stderr)  # fmt: skip
         return
-    kv = info["kv"] if info and not args.config else args.kv
+    kv = info["kv"] if info and shape is None else args.kv
     window = args.window if args.window is not None else (info or {}).get("window")
     peak = device.peak_flops(weights_label(weights)) if device else (
         probe.peak_flops(backend, weights_label(weights), dot) if probe else None)  # fmt: skip

@@ -215,6 +215,30 @@ def load_gguf(
     return config, tensors, tokenizer_from_gguf(meta), names
 
 
+def gguf_shape(path: Path) -> tuple[Config, list[dict[str, str]], str, str]:
+    """What a GGUF file holds without reading its weights: (config, per layer the format
+    of each matrix by role (arch.ROLES), the LM head's format, the embedding's): the
+    shape `sol` and `bench --endpoint` count bytes from."""
+    try:
+        reader = _reader(path)
+    except Exception as e:  # the reader raises ValueError, KeyError, struct errors...
+        raise LlamaNpError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+    types = {t.name: GGML_TYPES.get(int(t.tensor_type), "?") for t in reader.tensors}
+    config = config_from_gguf(Metadata(reader, path), set(types), None, path.name)
+    roles = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+             "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}  # fmt: skip
+    plan = []
+    for i in range(config.n_layers):
+        names = {r: f"blk.{i}.{n}.weight" for r, n in roles.items()}
+        if missing := [n for n in names.values() if n not in types]:
+            raise LlamaNpError(f"{path}: the file has no tensor {missing[0]!r}")
+        plan.append({r: types[n] for r, n in names.items()})
+    if "token_embd.weight" not in types:
+        raise LlamaNpError(f"{path}: the file has no tensor 'token_embd.weight'")
+    embed = types["token_embd.weight"]
+    return config, plan, types.get("output.weight", embed), embed
+
+
 def gguf_to_hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
     """HF name of a GGUF tensor, and the head count to un-permute its rows by: Q and K of
     llama, which llama.cpp's converter permutes for its RoPE (not those of qwen2)."""

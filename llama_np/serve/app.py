@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llama_np.errors import LlamaNpError
 from llama_np.generation.chat import chat_prompt_ids
@@ -85,6 +90,50 @@ def _put(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, item: Any) -> None:
         pass
 
 
+class Guard:
+    """The outermost of the app's own layers: every request gets an id (the `x-request-id`
+    header, and the completion's id ends with it). A client that goes away before its body
+    arrived is ordinary: nothing is logged (uvicorn's access log, when on, has its line). An
+    exception of ours is one line on stderr naming the request, its traceback only when
+    `verbose`, and a 500 in OpenAI's shape if the response had not started: never uvicorn's
+    45-line traceback per request, which a slow reader of the log turns into a stalled
+    server."""
+
+    def __init__(self, app: ASGIApp, verbose: bool = False) -> None:
+        self.app, self.verbose = app, verbose
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = protocol.new_hex()
+        scope.setdefault("state", {})["request_id"] = rid
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", rid.encode())]  # fmt: skip
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except ClientDisconnect:
+            return
+        except Exception as e:
+            where = f"{scope.get('method', '')} {scope.get('path', '')}"
+            print(f"llama-np: request {rid} ({where}) failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            if self.verbose:
+                traceback.print_exc(file=sys.stderr)
+            if not started:
+                body = ApiError(500, f"internal error in request {rid}; the server's log names "
+                                "it", kind="server_error").body()  # fmt: skip
+                await JSONResponse(body, 500)(scope, receive, sending)
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
@@ -102,7 +151,7 @@ async def generate(server: Server, http: HttpRequest, chat: bool) -> Response:
         server.submit(jobs, events)
     except ApiError as e:
         return error_response(e)
-    rid = protocol.new_id(chat)
+    rid = protocol.new_id(chat, http.state.request_id)
     if req.stream:
         stream = sse(req, rid, jobs, events, len(ids))
         return StreamingResponse(stream, media_type="text/event-stream",
@@ -166,7 +215,8 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, model_id: str, metrics: Metrics) -> Starlette:
+def create_app(engine: Engine, model_id: str, metrics: Metrics, verbose: bool = False) -> Starlette:
+    """The routes behind a Guard (`verbose`: a failed request's traceback on stderr)."""
     server = Server(engine, model_id, metrics)
 
     async def completions(http: HttpRequest) -> Response:
@@ -208,6 +258,7 @@ def create_app(engine: Engine, model_id: str, metrics: Metrics) -> Starlette:
         Route("/metrics", prometheus, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(Guard, verbose=verbose)],
                     exception_handlers={404: _not_found, 405: _not_allowed})  # fmt: skip
     app.state.server = server
     return app

@@ -139,6 +139,10 @@ def _prompt(body: dict) -> str | list[int]:
                    "per request)", "prompt")  # fmt: skip
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's
+NEEDS_CONTENT = ("system", "developer", "user", "tool")  # an assistant's may be null
+
+
 def _messages(body: dict) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -148,23 +152,36 @@ def _messages(body: dict) -> list[dict[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"'{where}' must be an object with a string 'role'", where)
+        if m["role"] not in ROLES:
+            raise ApiError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got "
+                           f"{m['role']!r}", f"{where}.role")  # fmt: skip
+        if m.get("content") is None and m["role"] in NEEDS_CONTENT:
+            raise ApiError(400, f"'{where}.content' is required for a {m['role']} message",
+                           f"{where}.content")  # fmt: skip
         out.append({"role": m["role"], "content": _content(m.get("content"), where)})
     return out
 
 
 def _content(content: Any, where: str) -> str:
-    """A message's text: a string, or an array of {"type": "text", "text": ...} parts."""
+    """A message's text: a string, or an array of {"type": "text", "text": ...} parts (any
+    other kind of part, an image say, is a 400 naming it)."""
     if isinstance(content, str):
         return content
     if content is None:
         return ""
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise ApiError(400, f"'{where}.content' must be a string or an array of text parts",
-                   f"{where}.content")  # fmt: skip
+    if not isinstance(content, list):
+        raise ApiError(400, f"'{where}.content' must be a string or an array of text parts",
+                       f"{where}.content")  # fmt: skip
+    for j, p in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+            raise ApiError(400, f"'{at}' must be an object with a string 'type'", at)
+        if p["type"] != "text":
+            raise ApiError(400, f"'{at}': content parts of type {p['type']!r} are not "
+                           "supported (only text)", at)  # fmt: skip
+        if not isinstance(p.get("text"), str):
+            raise ApiError(400, f"'{at}.text' must be a string", f"{at}.text")
+    return "".join(p["text"] for p in content)
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -195,8 +212,13 @@ def _sampling(body: dict) -> SamplerSettings:
         raise ApiError(400, f"'{param}'{str(e)[len(flag) :]}", param) from None
 
 
-def new_id(chat: bool) -> str:
-    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+def new_hex() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+def new_id(chat: bool, hexid: str | None = None) -> str:
+    """A completion's id: OpenAI's prefix, then the request's id (new_hex)."""
+    return ("chatcmpl-" if chat else "cmpl-") + (hexid or new_hex())
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",

@@ -71,8 +71,8 @@ def serve(args: argparse.Namespace) -> int:
             print("llama-np: note: no probe of this machine: /metrics leaves out the speed-"
                   "of-light figures (run `llama-np probe` once)", file=sys.stderr)  # fmt: skip
         model_id = args.alias or llm.config.name
-        app = create_app(engine, model_id, Metrics(engine, probe, window))
-        config = uvicorn.Config(app, log_level="warning",
+        app = create_app(engine, model_id, Metrics(engine, probe, window), args.verbose)
+        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning",
                                 timeout_graceful_shutdown=args.shutdown_timeout)  # fmt: skip
         port = sock.getsockname()[1]
         print(f"llama-np: serving {model_id} at http://{args.host}:{port}/v1 ({args.parallel} "

@@ -303,6 +303,72 @@ def test_sigterm_finishes_the_running_request_and_exits_0(smollm2_path, tmp_path
         proc.stderr.close()
 
 
+HALF = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 500\r\n\r\n{"prompt": "hel'
+)  # headers, then a third of the body
+
+
+def half_sent(url: str, n: int) -> None:
+    """n clients that send the headers and part of a body, then go away."""
+    host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+    for _ in range(n):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(HALF)
+            time.sleep(0.01)
+
+
+def test_clients_that_leave_half_way_cost_no_traceback(smollm2_path):
+    """50 half-sent requests against `llama-np serve`, its stderr a pipe nobody reads until
+    the end (as a supervisor's that falls behind): the server keeps answering, and its log
+    holds no traceback (45 lines each filled such a pipe and stalled the server)."""
+    cmd = [sys.executable, "-m", "llama_np", "serve", "-m", str(smollm2_path), "--port", "0",
+           "-np", "1", "-c", "64"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        line = proc.stderr.readline()
+        while "serving" not in line and line:
+            line = proc.stderr.readline()
+        url = re.search(r"http://\S+/v1", line).group(0)
+        half_sent(url, 50)
+        assert httpx.get(url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+        r = httpx.post(url + "/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        log = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log
+    assert log.count("\n") <= 3, log  # "server stopped", at most a note or two
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}],
+         "messages[0].content[0]"),
+    ],
+)  # fmt: skip
+def test_bad_chat_messages_get_a_400_naming_them(live, messages, param):
+    r = httpx.post(live.url + "/v1/chat/completions", json={"messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_chat_content_as_text_parts_is_taken(live, alone):
+    parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]
+    messages = [{"role": "user", "content": parts}]
+    r = live.client().chat.completions.create(model="smollm2", messages=messages,
+                                              max_tokens=12, temperature=0)  # fmt: skip
+    assert r.choices[0].message.content == alone["chat"]
+
+
 def test_cli_errors_are_one_line(smollm2_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -312,6 +378,43 @@ def test_cli_errors_are_one_line(smollm2_path):
                str(port)]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot listen" in r.stderr
+
+
+def test_bench_endpoint_takes_a_gguf_an_alias_or_a_mixed_type(live, capsys, smollm2_path):
+    """--config as the GGUF file (each tensor's type), as a `pull` alias, and a preset with
+    one of llama.cpp's mixed file types: the same bytes where they describe the same file."""
+    from llama_np.cli import main
+
+    base = ["bench", "--endpoint", live.url, "--concurrency", "2", "-n", "4", "-r", "1",
+            "-p", "4", "--peak-gbs", "50", "--peak-gflops", "1000", "--json"]  # fmt: skip
+    sol = []
+    for config in (str(smollm2_path), "smollm2-135m"):  # the file, the alias (cached)
+        assert main([*base, "--config", config]) == 0
+        sol.append(json.loads(capsys.readouterr().out)["rows"][0]["sol_tok_s"])
+    assert sol[0] == pytest.approx(sol[1])
+    assert main([*base, "--config", "tinyllama-1.1b", "--weights", "q4_k_m"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert 0 < row["sol_tok_s"] < sol[0]  # a larger model's bytes
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--config", "no-such-model"], "no-such-model"),
+        (["--config", str(__file__)], "not a readable JSON file"),
+        (["--weights", "q8_0"], "--config"),
+    ],
+)
+def test_bench_endpoint_checks_its_shape_before_the_first_request(extra, says, capsys):
+    """Nothing listens at the URL: the shape's mistake is what is reported, at once."""
+    from llama_np.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert main(["bench", "--endpoint", url, "-r", "1", *extra]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "bench: concurrency" not in err
 
 
 def test_bench_endpoint_drives_the_server_and_holds_it_to_the_speed_of_light(live, capsys):

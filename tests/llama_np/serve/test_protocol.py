@@ -71,6 +71,33 @@ def test_bad_messages_and_models():
         parse(["not", "an", "object"], False, "m", 1)
 
 
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user"}, "messages[0].content"),
+        ({"role": "system", "content": None}, "messages[0].content"),
+        ({"role": "wizard", "content": "x"}, "messages[0].role"),
+        ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+         "messages[0].content[0]"),
+        ({"role": "user", "content": [{"text": "no type"}]}, "messages[0].content[0]"),
+        ({"role": "user", "content": [{"type": "text", "text": 3}]}, "messages[0].content[0].text"),
+        ({"role": "user", "content": {"type": "text", "text": "x"}}, "messages[0].content"),
+    ],
+)  # fmt: skip
+def test_chat_messages_are_checked_as_openai_checks_them(message, param):
+    with pytest.raises(ApiError) as e:
+        parse({"messages": [message]}, True, "m", 1)
+    assert e.value.status == 400 and e.value.param == param, str(e.value)
+
+
+def test_every_openai_role_is_taken_and_an_assistant_may_have_no_content():
+    roles = ["system", "developer", "user", "assistant", "tool"]
+    r = parse({"messages": [{"role": r, "content": r} for r in roles]}, True, "m", 1)
+    assert [m["role"] for m in r.prompt] == roles
+    r = parse({"messages": [{"role": "assistant"}, {"role": "user", "content": "x"}]}, True, "m", 1)
+    assert r.prompt[0] == {"role": "assistant", "content": ""}
+
+
 def test_responses_and_chunks_have_openais_shape():
     req = parse({"prompt": "x", "n": 2}, False, "m", 2)
     body = response(req, "cmpl-1", ["a", "b"], ["eos", "context"], 3, 7)
