@@ -19,8 +19,8 @@ from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
 
-from arch import Config, ConfigError, layer_matrices
-from arch.presets import PRESETS
+from llama_arch import Config, ConfigError, layer_matrices
+from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
 from .sol import Estimate, estimate

@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from arch import Config
+from llama_arch import Config
 
 from .devices import Device
 from .meter import CATEGORIES, Meter

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arch import ATTN_ROLES, MLP_ROLES, ROLES, Config, ConfigError, layer_matrices
+from llama_arch import ATTN_ROLES, MLP_ROLES, ROLES, Config, ConfigError, layer_matrices
 from quant.backends import get_backend
 from quant.kv import kv_store_class
 

@@ -9,7 +9,7 @@ import os
 # llama_np is imported before NumPy, as the CLI and the scripts do.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
-from arch import Config
+from llama_arch import Config
 from llama_np.api import LLM, load
 from llama_np.errors import ERRORS, LlamaNpError, UsageError
 from llama_np.generation.generate import Stats

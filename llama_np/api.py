@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from arch import Config
+from llama_arch import Config
 from llama_np.errors import LlamaNpError, UsageError
 from llama_np.generation.batch import BatchStats, generate_batch
 from llama_np.generation.generate import Stats, generate

@@ -1,7 +1,7 @@
 """The project's error types. The CLI turns them into one line on stderr and an exit status."""
 
-from arch import ConfigError
 from bench.devices import DeviceError
+from llama_arch import ConfigError
 from quant import QuantError
 
 

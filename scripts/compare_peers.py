@@ -39,9 +39,9 @@ import numpy as np
 from peers_files import gguf_bytes_per_token, write_gguf
 
 import llama_np
-from arch import Config
 from bench.probe import machine_id
 from bench.sol import estimate, weights_label
+from llama_arch import Config
 from llama_np.io.hub import resolve_model
 from llama_np.model.decoder import weight_plan
 

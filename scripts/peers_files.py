@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from arch import Config
 from bench.sol import estimate
+from llama_arch import Config
 
 
 def gguf_bytes_per_token(path: Path, config: Config, pos: int) -> float:

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from arch import ConfigError, load_config
 from bench.devices import Device, DeviceError, get_device, load_devices
 from bench.probe import (
     Probe,
@@ -21,6 +20,7 @@ from bench.probe import (
     size_label,
 )
 from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
+from llama_arch import ConfigError, load_config
 from llama_np.errors import LlamaNpError, UsageError
 from quant import FORMATS, TARGETS
 from quant.host import usable_cores
@@ -334,9 +334,9 @@ def hold_endpoint(rows: list, args: argparse.Namespace, base: str, info: dict | 
     device from --device/--peak-gbs, else this machine's probe for a local server."""
     from urllib.parse import urlparse
 
-    from arch import Config
     from bench.endpoint import hold
     from bench.sol import weights_label
+    from llama_arch import Config
     from quant.backends import FLOATS
 
     device = device_of(args)

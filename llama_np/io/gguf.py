@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arch import Config, config_from_hf
+from llama_arch import Config, config_from_hf
 from llama_np.errors import LlamaNpError
 from llama_np.io.gguf_vocab import tokenizer_from_gguf
 from llama_np.io.tokenizer import HFTokenizer
@@ -217,7 +217,7 @@ def load_gguf(
 
 def gguf_shape(path: Path) -> tuple[Config, list[dict[str, str]], str, str]:
     """What a GGUF file holds without reading its weights: (config, per layer the format
-    of each matrix by role (arch.ROLES), the LM head's format, the embedding's): the
+    of each matrix by role (llama_arch.ROLES), the LM head's format, the embedding's): the
     shape `sol` and `bench --endpoint` count bytes from."""
     try:
         reader = _reader(path)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from arch import Config, config_to_hf
+from llama_arch import Config, config_to_hf
 from llama_np.errors import UsageError
 from llama_np.io.source import FORMATS_KEY, Source, open_source
 from llama_np.io.tokenizer import HFTokenizer

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from arch import Config, read_config_json
+from llama_arch import Config, read_config_json
 from llama_np.errors import LlamaNpError
 from quant import SAFETENSORS_DTYPES, Weight
 from quant.backends import Backend

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arch import Config
+from llama_arch import Config
 from llama_np.errors import LlamaNpError, UsageError
 from llama_np.io.safetensors import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
 from llama_np.io.tokenizer import Tokenizer, load_tokenizer

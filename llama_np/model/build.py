@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from arch import Config, layer_matrices, layer_vectors
+from llama_arch import Config, layer_matrices, layer_vectors
 from llama_np.errors import LlamaNpError
 from llama_np.model.transformer import Layer, Weights
 from quant import Matrix, Weight, arena, stack_rows
@@ -17,7 +17,7 @@ Tensor = Weight | np.ndarray  # a matrix in some format, or a float32 vector (no
 
 
 def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
-    """The Hugging Face names of layer i's tensors, by role (arch.tensors)."""
+    """The Hugging Face names of layer i's tensors, by role (llama_arch.tensors)."""
     p = f"model.layers.{i}."
     names = {
         "attn_norm": p + "input_layernorm.weight",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from arch import ROLES, Config
 from bench.meter import Meter
 from bench.runner import Variant
+from llama_arch import ROLES, Config
 from llama_np.generation.generate import check_logits
 from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer, Weights
@@ -16,7 +16,7 @@ from llama_np.model.transformer import Transformer, Weights
 
 def weight_plan(w: Weights) -> tuple[str | list[dict[str, str]], str, str]:
     """(layers, LM head, embedding) formats of a model: the layers' one format, or, when
-    they mix formats (a GGUF file), per layer the format of each matrix (arch.ROLES)."""
+    they mix formats (a GGUF file), per layer the format of each matrix (llama_arch.ROLES)."""
     plan = []
     for layer in w.layers:
         q, k, v = layer.wqkv.leaves() if len(layer.wqkv.leaves()) == 3 else [layer.wqkv] * 3

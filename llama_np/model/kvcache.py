@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from arch import Config
+from llama_arch import Config
 from llama_np.errors import UsageError
 from quant.backends import Backend, numpy_backend
 from quant.kv import kv_store_class

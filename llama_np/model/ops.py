@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from arch import Config
+from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from quant import Matrix
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from arch import Config
+from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix

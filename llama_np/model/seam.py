@@ -10,8 +10,8 @@ from time import perf_counter
 
 import numpy as np
 
-from arch import Config
 from bench.meter import Meter
+from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, Rotary
 from quant import Matrix, Weight

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arch import Config, layer_matrices, layer_vectors, load_config
+from llama_arch import Config, layer_matrices, layer_vectors, load_config
 from llama_np.errors import UsageError
 from llama_np.model.build import Tensor, build_weights, layer_tensor_names
 from llama_np.model.transformer import Transformer

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arch import Config
 from bench.meter import Meter
+from llama_arch import Config
 from llama_np.model.kvcache import KVCache
 from llama_np.model.ops import NumpyOps, rope_inv_freq
 from llama_np.model.seam import Profiled, Seam

@@ -11,11 +11,11 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from arch import ROLES
-from arch.presets import PRESETS
 from bench import calibrate, published
 from bench.calibrate import Point
 from bench.sol import estimate
+from llama_arch import ROLES
+from llama_arch.presets import PRESETS
 from llama_np.cli import main
 
 

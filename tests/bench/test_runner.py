@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import bench.probe as probe_mod
-from arch import Config
 from bench import report
 from bench.meter import Meter
 from bench.probe import Caches, Probe
 from bench.runner import Settings, Variant, rehold, run
 from bench.sol import estimate
+from llama_arch import Config
 
 MIB = 1 << 20
 TINY = Config("llama", 64, 2, 4, 2, 32, 128, 100, name="tiny")

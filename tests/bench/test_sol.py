@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from arch import PRESETS, Config
 from bench.devices import DeviceError, get_device, load_devices
 from bench.sol import estimate
+from llama_arch import PRESETS, Config
 
 # Published parameter counts (model cards / papers), to the precision they give.
 PUBLISHED = {
@@ -91,7 +91,7 @@ def test_user_devices_and_peaks(tmp_path):
 
 
 def test_a_batch_reads_weights_once_and_kv_per_sequence():
-    from arch import load_config
+    from llama_arch import load_config
 
     c = load_config("llama-2-7b")
     one = estimate(c, "f16", pos=99)
@@ -104,7 +104,7 @@ def test_a_batch_reads_weights_once_and_kv_per_sequence():
 
 
 def test_ridge_batch_is_where_the_two_terms_meet():
-    from arch import load_config
+    from llama_arch import load_config
 
     c = load_config("llama-2-7b")
     bw, peak = 2039e9, 312e12  # A100 80GB SXM, fp16 tensor cores
@@ -117,8 +117,8 @@ def test_ridge_batch_is_where_the_two_terms_meet():
 
 
 def test_batching_a_mixture_of_experts_first_adds_bytes():
-    from arch import load_config
     from bench.sol import experts_read
+    from llama_arch import load_config
 
     c = load_config("mixtral-8x7b")
     assert experts_read(c, 1) == pytest.approx(2.0)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from arch import ConfigError
+from llama_arch import ConfigError
 from llama_np.errors import ERRORS
 from llama_np.io.source import open_source
 from llama_np.model.build import build_weights

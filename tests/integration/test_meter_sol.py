@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from arch import Config
 from bench.sol import estimate
+from llama_arch import Config
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 import llama_np
-from arch import config_from_hf
 from bench.runner import rss_mb
+from llama_arch import config_from_hf
 from llama_np.errors import LlamaNpError, UsageError
 from llama_np.generation.chat import render_chat
 from llama_np.generation.generate import Stats

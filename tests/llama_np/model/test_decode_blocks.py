@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import pytest
 
-from arch.presets import PRESETS
+from llama_arch.presets import PRESETS
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
 from quant.compiled import fewblocks

@@ -89,7 +89,7 @@ def test_rmsnorm_formula():
 
 def test_rope_is_a_rotation_that_depends_on_relative_position():
     """q.k after RoPE depends only on the distance between positions."""
-    from arch import Config
+    from llama_arch import Config
 
     c = Config("llama", 32, 1, 2, 2, 16, 64, 10, 128, 1e-5, 10000.0)
     inv = ops.rope_inv_freq(c)
@@ -107,7 +107,7 @@ def test_rope_is_a_rotation_that_depends_on_relative_position():
 
 def test_rope_matrix_equals_elementwise_rope():
     """Decode applies RoPE as one matrix; a batch applies it elementwise: same numbers."""
-    from arch import Config
+    from llama_arch import Config
 
     inv = ops.rope_inv_freq(Config("llama", 64, 1, 4, 2, 64, 64, 10, 128, 1e-5, 10000.0))
     x = np.random.default_rng(1).standard_normal((1, 6, 64)).astype(np.float32)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from arch import PRESETS, ConfigError, config_from_hf, load_config, read_config_json
+from llama_arch import PRESETS, ConfigError, config_from_hf, load_config, read_config_json
 
 BASE = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
