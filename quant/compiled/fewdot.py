@@ -33,7 +33,7 @@ from .simd.lanes import (
     fma16_rows_n_f32,
     zero16,
 )
-from .simd.scalar import ahead, row, stack_f32
+from .simd.scalar import ahead, row, stack_f32, sum4
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)
 SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a time
@@ -43,7 +43,7 @@ SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a 
 def put_rows(acc, at, corr, g, rows, v, add, out):
     """out[v, 4 g + i] (+)= the 4 lanes of row i at acc[at + 4 i], plus corr[i]."""
     for i in range(min(GROUP, rows - GROUP * g)):
-        s = acc[at + 4 * i] + acc[at + 4 * i + 1] + acc[at + 4 * i + 2] + acc[at + 4 * i + 3]
+        s = sum4(acc, at + 4 * i)
         if add:
             out[v, GROUP * g + i] += s + corr[i]
         else:

@@ -37,7 +37,7 @@ from .matvec import GROUP, PER, lane_sum, put
 from .simd.int8 import q4_dot, q5_dot, q8_block, quantize_block, sum16
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
 from .simd.lanes import fma16_f16v, mul16_f16v, zero16
-from .simd.scalar import ahead, f16, row, stack_f32
+from .simd.scalar import ahead, f16, row, stack_f32, sum4
 
 
 @kernel
@@ -69,8 +69,7 @@ def quantized(x, wide):
 def row_sums(acc, extra, g, rows, add, out):
     """out[4 g + i] (+)= the 4 lanes of row i, plus extra[i]."""
     for i in range(min(GROUP, rows - GROUP * g)):
-        s = acc[4 * i] + acc[4 * i + 1] + acc[4 * i + 2] + acc[4 * i + 3]
-        put(out, GROUP * g + i, s + extra[i], add)
+        put(out, GROUP * g + i, sum4(acc, 4 * i) + extra[i], add)
 
 
 @kernel
