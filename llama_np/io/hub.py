@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from llama_np.errors import LlamaNpError, UsageError
+from llama_np.io.hf_hub import is_hf, pull_hf
 from quant.host import cache_dir
 
 
@@ -155,7 +156,10 @@ def _lock(directory: Path) -> Iterator[None]:
 
 
 def pull(alias: str, force: bool = False) -> Path:
-    """Fetch a model into the cache (if it is not there and valid) and return its path."""
+    """Fetch a model into the cache (if it is not there and valid) and return its path:
+    an alias, or a Hugging Face repository (hf:ORG/REPO[:QUANT], hf_hub.py)."""
+    if is_hf(alias):
+        return pull_hf(alias, force)
     spec = resolve_alias(alias)
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -229,9 +233,12 @@ def resolve_alias(alias: str) -> ModelSpec:
 
 
 def resolve_model(model: str | Path | None) -> Path:
-    """-m: an alias (pulled on first use), a .gguf file, or a checkpoint directory."""
+    """-m: an alias (pulled on first use), hf:ORG/REPO[:QUANT] (downloaded on first use),
+    a .gguf file, or a checkpoint directory."""
     if model is None:
         model = DEFAULT_MODEL
+    if is_hf(model):
+        return pull_hf(str(model))
     if isinstance(model, str) and model in MODELS:
         return pull(model)
     path = Path(model)
