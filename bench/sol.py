@@ -17,7 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_arch import ATTN_ROLES, MLP_ROLES, ROLES, Config, ConfigError, layer_matrices
+from llama_arch import (
+    ATTN_ROLES,
+    MLP_ROLES,
+    ROLES,
+    Config,
+    ConfigError,
+    layer_matrices,
+    layer_vectors,
+)
 from quant.backends import get_backend
 from quant.kv import kv_store_class
 
@@ -33,7 +41,7 @@ class Estimate:
     head: str
     kv: str
     pos: int
-    n_keys: int
+    n_keys: int  # keys the token attends to (the most of any layer)
     params_total: int
     params_active: int
     reads: dict[str, int] = field(default_factory=dict)  # bytes per meter category
@@ -174,21 +182,32 @@ def estimate(
         raise ConfigError(f"{s.name}: a per-layer plan needs {s.n_layers} layers and a head")
     head = head or weights  # type: ignore[assignment]
     embed = head if s.tie_embeddings else (embed or weights)  # type: ignore[assignment]
-    window = window if window is not None else s.sliding_window
-    n_keys = pos + 1 if window is None else min(pos + 1, window)
+    # keys each layer attends: pos + 1, or its window's (a model's own windows are per
+    # layer: gemma's sliding and global layers; `window` puts one on every layer)
+    layer_keys = []
+    for i in range(s.n_layers):
+        w = s.layer_window(i, window)
+        layer_keys.append(pos + 1 if w is None else min(pos + 1, w))
     reads = _weight_reads(s, plan, head, embed, lambda f: matrix_bytes(f, engine, kernels), batch)
     store = kv_store_class(kv)
     slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
-    keys = store.read_nbytes(n_keys, s.n_kv_heads, s.head_dim, tiled)
-    reads["kv_cache"] = batch * s.n_layers * (keys + n_keys * slot)
+    reads["kv_cache"] = batch * sum(
+        store.read_nbytes(n, s.n_kv_heads, s.head_dim, tiled) + n * slot for n in layer_keys
+    )
     total, read, matmul = _parameters(s)
-    flops = batch * (2 * matmul + s.n_layers * 4 * s.n_heads * s.head_dim * n_keys)
+    flops = batch * (2 * matmul + sum(4 * s.n_heads * s.head_dim * n for n in layer_keys))
     writes = batch * s.n_layers * 2 * slot
     label = weights_label(weights)
-    return Estimate(
-        s, label, head, kv, pos, n_keys, total, read, reads, writes, flops, engine, kernels, batch
-    )
+    return Estimate(s, label, head, kv, pos, max(layer_keys), total, read, reads, writes, flops,
+                    engine, kernels, batch)  # fmt: skip
+
+
+def norm_floats(s: Config) -> int:
+    """Float32 norm weights a token reads: each layer's (before and after attention and
+    the MLP, of q and k, as the family has them) and the final norm."""
+    per_layer = sum(n for role, n in layer_vectors(s).items() if not role.startswith("b"))
+    return s.n_layers * per_layer + s.dim
 
 
 def _weight_reads(
@@ -212,7 +231,7 @@ def _weight_reads(
     reads["mlp_weights"] += router
     reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
     reads["embedding"] = batch * nbytes(embed)((1, s.dim))
-    reads["norms"] = 4 * s.dim * (2 * s.n_layers + 1)
+    reads["norms"] = 4 * norm_floats(s)
     return reads
 
 
@@ -235,9 +254,7 @@ def _parameters(s: Config) -> tuple[int, int, int]:
 
     router = s.n_experts * s.dim if s.n_experts > 1 else 0
     layer_matmul = count(ATTN_ROLES) + router + s.experts_per_token * count(MLP_ROLES)
-    vectors = s.dim * (2 * s.n_layers + 1) + (
-        s.n_layers * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
-    )
+    vectors = norm_floats(s) + (s.n_layers * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0)
     table = s.vocab_size * s.dim
     total = s.n_layers * (count(ATTN_ROLES) + router + s.n_experts * count(MLP_ROLES)) + vectors
     total += table if s.tie_embeddings else 2 * table

@@ -10,7 +10,7 @@ project.
 
 from __future__ import annotations
 
-from .config import SUPPORTED, Config, ConfigError, RopeScaling
+from .config import SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
 from .hf import config_from_hf, config_to_hf, read_config_json
 from .presets import PRESETS, load_config
 from .tensors import ATTN_ROLES, MLP_ROLES, ROLES, layer_matrices, layer_vectors
@@ -24,6 +24,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "RopeScaling",
+    "UnsupportedModel",
     "config_from_hf",
     "config_to_hf",
     "layer_matrices",

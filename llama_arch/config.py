@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-# Architectures the engine runs; the speed-of-light model reads any llama-family shape
-# (mixtral's experts, cohere's tied head, ...).
-SUPPORTED = ("llama", "mistral", "qwen2")
+# Architectures the engine runs (config.json's model_type; gemma3_text is gemma3); the
+# speed-of-light model reads any llama-family shape (mixtral's experts, cohere's tied head, ...).
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
+             "granite")  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -16,15 +17,27 @@ class ConfigError(ValueError):
     exit_code = 1
 
 
+class UnsupportedModel(ConfigError):
+    """An architecture (or a mixture of experts) the engine does not run: a usage error,
+    said before any weight is read."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """Frequency scaling of RoPE, as transformers' `rope_type` "linear" and "llama3"."""
+    """Frequency scaling of RoPE, as transformers' `rope_type` "linear", "llama3" and
+    "longrope" (phi3: each frequency divided by a factor of its own, the short ones within
+    the original context, the long ones past it, and cos and sin times attention_factor)."""
 
-    kind: str  # "linear" or "llama3"
+    kind: str  # "linear", "llama3" or "longrope"
     factor: float
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_ctx / low are / factor
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_ctx / high are kept
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] | None = None  # longrope: per frequency, within the original
+    long_factor: tuple[float, ...] | None = None  # longrope: per frequency, past it
+    attention_factor: float = 1.0  # longrope: cos and sin times this
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,27 @@ class Config:
     # llama.cpp stores Llama 3's RoPE scaling); None when absent.
     rope_freq_factors: tuple[float, ...] | None = None
     name: str = "model"  # for reports: a preset's name, a checkpoint's directory
+    # --- a family's switches on the one decoder block (transformers' modeling_<family>.py) ---
+    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: "head" over each head (qwen3,
+    # gemma3), "all" over each whole projection (olmo2)
+    pre_norm: bool = True  # RMSNorm before attention and before the MLP (olmo2: none)
+    post_norm: bool = False  # RMSNorm of attention's and the MLP's output before each residual
+    # add (gemma2, gemma3, olmo2)
+    mlp_act: str = "silu"  # the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: gemma)
+    embed_scale: float = 1.0  # the embedding times this (gemma: sqrt(dim); granite's multiplier)
+    attn_scale: float | None = None  # the scores' scale; None: 1 / sqrt(head_dim) (gemma:
+    # query_pre_attn_scalar ** -0.5; granite: attention_multiplier)
+    attn_softcap: float | None = None  # gemma2: scores = cap * tanh(scores / cap)
+    final_softcap: float | None = None  # gemma2, gemma3: logits = cap * tanh(logits / cap)
+    residual_scale: float = 1.0  # granite: x + residual_multiplier * (attention or MLP)
+    logits_scaling: float = 1.0  # granite: the logits divided by this
+    rotary_dim: int | None = None  # phi3: RoPE turns a head's first rotary_dim dims (partial
+    # rotary), the rest pass unchanged; None: all of head_dim
+    rope_local_theta: float | None = None  # gemma3: the sliding layers' RoPE base (unscaled)
+    sliding_layers: tuple[bool, ...] | None = None  # which layers the window applies to
+    # (gemma2, gemma3: local and global layers); None: every layer, when there is a window
+    rope_layers: tuple[bool, ...] | None = None  # smollm3: layers that turn q and k (False:
+    # no position encoding at all); None: every layer
 
     @property
     def q_dim(self) -> int:
@@ -66,13 +100,40 @@ class Config:
         """How many query heads read each key/value head."""
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def rotary(self) -> int:
+        """The dims of a head that RoPE turns."""
+        return self.rotary_dim or self.head_dim
+
+    def layer_window(self, i: int, window: int | None = None) -> int | None:
+        """Layer i's sliding window: `window` on every layer when given (a user's --window),
+        else the model's own (its window on its sliding layers; None: full attention)."""
+        if window is not None:
+            return window
+        if self.sliding_layers is not None and not self.sliding_layers[i]:
+            return None
+        return self.sliding_window
+
+    def layer_rope(self, i: int) -> str:
+        """Which RoPE layer i turns q and k with: "global" (rope_theta, with rope_scaling),
+        "local" (gemma3's sliding layers: rope_local_theta, unscaled; whatever window a
+        user sets) or "none" (NoPE)."""
+        if self.rope_layers is not None and not self.rope_layers[i]:
+            return "none"
+        local = self.sliding_layers is not None and self.sliding_layers[i]
+        return "local" if local and self.rope_local_theta is not None else "global"
+
     @classmethod
     def from_dict(cls, d: dict) -> Config:
         """The inverse of dataclasses.asdict (a config sent as JSON: lists for tuples)."""
         d = dict(d)
         if d.get("rope_scaling") is not None:
-            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
-        for key in ("eos_ids", "rope_freq_factors"):
+            r = dict(d["rope_scaling"])
+            for key in ("short_factor", "long_factor"):
+                if r.get(key) is not None:
+                    r[key] = tuple(r[key])
+            d["rope_scaling"] = RopeScaling(**r)
+        for key in ("eos_ids", "rope_freq_factors", "sliding_layers", "rope_layers"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         return cls(**d)
@@ -83,11 +144,11 @@ class Config:
     def check_runnable(self) -> None:
         """Raise ConfigError unless the engine can run this model."""
         if self.arch not in SUPPORTED:
-            raise ConfigError(
+            raise UnsupportedModel(
                 f"config: unsupported model_type {self.arch!r} (supported: {', '.join(SUPPORTED)})"
             )
         if self.n_experts > 1:
-            raise ConfigError(f"{self.name}: mixture-of-experts models are not supported")
+            raise UnsupportedModel(f"{self.name}: mixture-of-experts models are not supported")
 
     def __post_init__(self) -> None:
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
@@ -111,3 +172,29 @@ class Config:
             raise ConfigError(
                 f"config: rope_theta must be a positive number, got {self.rope_theta}"
             )
+        self._check_switches()
+
+    def _check_switches(self) -> None:
+        if self.qk_norm not in (None, "head", "all"):
+            raise ConfigError(f"config: qk_norm must be 'head' or 'all', got {self.qk_norm!r}")
+        if self.mlp_act not in ("silu", "gelu_tanh"):
+            raise ConfigError(f"config: unsupported MLP activation {self.mlp_act!r}")
+        for key in ("embed_scale", "residual_scale", "logits_scaling", "attn_scale",
+                    "attn_softcap", "final_softcap", "rope_local_theta"):  # fmt: skip
+            v = getattr(self, key)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"config: {key} must be a positive number, got {v}")
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim
+                                            <= self.head_dim):  # fmt: skip
+            raise ConfigError(f"config: the rotary dims ({self.rotary_dim}) must be even and "
+                              f"at most head_dim ({self.head_dim})")  # fmt: skip
+        for key in ("sliding_layers", "rope_layers"):
+            v = getattr(self, key)
+            if v is not None and len(v) != self.n_layers:
+                raise ConfigError(f"config: {key} names {len(v)} layers of {self.n_layers}")
+        r = self.rope_scaling
+        if r is not None and r.kind == "longrope":
+            for f in (r.short_factor, r.long_factor):
+                if f is None or len(f) != self.rotary // 2 or not all(x > 0 for x in f):
+                    raise ConfigError(f"config: longrope wants {self.rotary // 2} positive "
+                                      "short and long factors")  # fmt: skip

@@ -5,10 +5,12 @@ asking for terabytes."""
 from __future__ import annotations
 
 import json
+import math
+import struct
 from pathlib import Path
 from typing import Any
 
-from .config import SUPPORTED, Config, ConfigError, RopeScaling
+from .config import SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
 
 _MAX_DIM = 1 << 17
 _MAX_LAYERS = 1024
@@ -46,7 +48,7 @@ def _ids(value: Any, key: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling | None]:
     """rope_theta and scaling, in transformers' v4 (`rope_theta`, `rope_scaling`) or
     v5 (`rope_parameters`) spelling."""
     params = d.get("rope_parameters") or {}
@@ -56,6 +58,8 @@ def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     merged = {**scaling, **params}
     theta = _float(params, "rope_theta", _float(d, "rope_theta", 10000.0))
     kind = merged.get("rope_type", merged.get("type", "default"))
+    if arch == "phi3" and kind in ("su", "yarn"):  # Phi3Config's own renaming
+        kind = "longrope"
     if kind == "default":
         return theta, None
     if kind == "linear":
@@ -70,34 +74,168 @@ def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
                 merged, "original_max_position_embeddings", 1, _MAX_CONTEXT
             ),
         )
+    if kind == "longrope":
+        return theta, _longrope(d, merged, rotary)
     raise ConfigError(
-        f"config: unsupported rope type {kind!r} (supported: default, linear, llama3)"
+        f"config: unsupported rope type {kind!r} (supported: default, linear, llama3, longrope)"
     )
+
+
+def _longrope(d: dict[str, Any], merged: dict[str, Any], rotary: int) -> RopeScaling:
+    """transformers' _compute_longrope_parameters: factor = max_position_embeddings over
+    the original context, attention_factor sqrt(1 + ln(factor) / ln(original)) unless given."""
+    top = d.get("original_max_position_embeddings")
+    orig = _int({"o": merged.get("original_max_position_embeddings", top)}, "o", 1, _MAX_CONTEXT)
+    factor = _int(d, "max_position_embeddings", 1, _MAX_CONTEXT, default=orig) / orig
+    attention = merged.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    factors = []
+    for key in ("short_factor", "long_factor"):
+        f = merged.get(key)
+        if (
+            not isinstance(f, list)
+            or len(f) != rotary // 2
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in f)
+        ):
+            raise ConfigError(f"config: rope_scaling.{key} must be {rotary // 2} numbers")
+        factors.append(tuple(float(x) for x in f))
+    return RopeScaling("longrope", factor, original_max_position_embeddings=orig,
+                       short_factor=factors[0], long_factor=factors[1],
+                       attention_factor=float(attention))  # fmt: skip
 
 
 def _check_runnable(d: dict[str, Any], arch: str) -> None:
     """What the engine refuses that the shape alone does not show."""
     if arch not in SUPPORTED:
-        raise ConfigError(
+        raise UnsupportedModel(
             f"config: unsupported model_type {arch!r} (supported: {', '.join(SUPPORTED)})"
         )
-    act = d.get("hidden_act", "silu")
+    if (d.get("num_local_experts") or d.get("num_experts") or 1) > 1:
+        raise UnsupportedModel(f"config: {arch} with experts (a mixture of experts) is not "
+                               "supported")  # fmt: skip
+    act = d.get("hidden_act", "silu") if not arch.startswith("gemma") else "silu"
     if act != "silu":
         raise ConfigError(f"config: unsupported hidden_act {act!r} (only silu)")
+    if arch.startswith("gemma") and d.get("hidden_activation", GELU) != GELU:
+        raise ConfigError(f"config: unsupported hidden_activation {d['hidden_activation']!r} "
+                          f"(gemma: only {GELU})")  # fmt: skip
     for key in ("attention_bias", "mlp_bias"):
         if d.get(key):
             raise ConfigError(f"config: {key}=true is not supported")
-    if arch == "qwen2" and d.get("use_sliding_window"):
-        raise ConfigError("config: Qwen2's use_sliding_window is not supported")
+    if d.get("use_bidirectional_attention"):
+        raise ConfigError(
+            "config: use_bidirectional_attention (an embedding model) is not supported"
+        )
 
 
-def _window(d: dict[str, Any], arch: str) -> int | None:
-    """transformers' MistralConfig defaults the window to 4096 when the key is absent;
-    Qwen2 names a window but uses it only with use_sliding_window."""
+GELU = "gelu_pytorch_tanh"  # gemma's GeGLU: GELU with the tanh approximation
+
+
+def _window(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tuple | None]:
+    """The sliding window and the layers it applies to (None: every layer), as transformers
+    decides them: config.json's `layer_types` when it names them, else the family's rule.
+    Mistral and phi3 slide every layer (transformers' MistralConfig defaults the window to
+    4096 when the key is absent); qwen2 and qwen3 slide the layers from max_window_layers
+    on, with use_sliding_window; gemma2 every other layer, gemma3 five of six
+    (sliding_window_pattern); smollm3 its NoPE layers, with use_sliding_window."""
     window = d.get("sliding_window", 4096 if arch == "mistral" else None)
-    if not d.get("use_sliding_window", arch != "qwen2") or window is None:
-        return None
-    return _int({"sliding_window": window}, "sliding_window", 1, _MAX_CONTEXT)
+    types = d.get("layer_types")
+    if arch in ("qwen2", "qwen3", "smollm3") and not d.get("use_sliding_window"):
+        window = None
+    if window is None:
+        return None, None
+    window = _int({"sliding_window": window}, "sliding_window", 1, _MAX_CONTEXT)
+    if isinstance(types, list) and len(types) == n_layers:
+        layers = tuple(t == "sliding_attention" for t in types)
+    elif arch in ("gemma2", "gemma3"):
+        pattern = _int(
+            d,
+            "sliding_window_pattern",
+            1,
+            _MAX_LAYERS,
+            default=d.get("_sliding_window_pattern", 2 if arch == "gemma2" else 6),
+        )
+        layers = tuple(bool((i + 1) % pattern) for i in range(n_layers))
+    elif arch in ("qwen2", "qwen3"):
+        first = _int(d, "max_window_layers", 0, _MAX_LAYERS, default=28)
+        layers = tuple(i >= first for i in range(n_layers))
+    elif arch == "smollm3":
+        layers = tuple(not r for r in _rope_layers(d, n_layers))
+    else:
+        return window, None
+    return (window, layers) if any(layers) else (None, None)
+
+
+def _rope_layers(d: dict[str, Any], n_layers: int) -> tuple[bool, ...]:
+    """smollm3: which layers use RoPE (`no_rope_layers`: 1 = RoPE, 0 = NoPE), by default
+    all but every `no_rope_layer_interval`-th."""
+    given = d.get("no_rope_layers")
+    if given is None:
+        every = _int(d, "no_rope_layer_interval", 1, _MAX_LAYERS, default=4)
+        return tuple(bool((i + 1) % every) for i in range(n_layers))
+    if not isinstance(given, list) or len(given) != n_layers:
+        raise ConfigError(f"config: no_rope_layers must list {n_layers} layers")
+    return tuple(bool(x) for x in given)
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32, as transformers applies a float32 model's constants."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: int) -> dict:
+    """The family's switches of the one decoder block (llama_arch.Config)."""
+    out: dict[str, Any] = {}
+    if arch in ("qwen3", "gemma3"):
+        out["qk_norm"] = "head"
+    if arch.startswith("gemma"):
+        qpas = _float(d, "query_pre_attn_scalar", 256.0)
+        out |= {"post_norm": True, "mlp_act": "gelu_tanh", "embed_scale": _f32(math.sqrt(dim)),
+                "attn_scale": qpas**-0.5}  # fmt: skip
+        out["final_softcap"] = d.get("final_logit_softcapping")
+        if arch == "gemma2":
+            out["attn_softcap"] = d.get("attn_logit_softcapping")
+        else:  # transformers' Gemma3 never soft-caps the scores
+            out["rope_local_theta"] = _float(d, "rope_local_base_freq", 10000.0)
+    if arch == "olmo2":
+        out |= {"qk_norm": "all", "pre_norm": False, "post_norm": True}
+    if arch == "phi3":
+        prf = _float(d, "partial_rotary_factor", 1.0)
+        if not 0 < prf <= 1:
+            raise ConfigError(f"config: partial_rotary_factor must be in (0, 1], got {prf}")
+        out["rotary_dim"] = int(head_dim * prf)
+    if arch == "smollm3":
+        out["rope_layers"] = _rope_layers(d, n_layers)
+    if arch == "granite":
+        out |= {"embed_scale": _float(d, "embedding_multiplier", 1.0),
+                "attn_scale": _float(d, "attention_multiplier", 1.0),
+                "residual_scale": _float(d, "residual_multiplier", 1.0),
+                "logits_scaling": _float(d, "logits_scaling", 1.0)}  # fmt: skip
+    return out
+
+
+# Where a family's config class defaults differ from llama's: a saved config.json leaves out
+# the keys that equal both transformers' base defaults and the class's own.
+TIED_BY_DEFAULT = ("cohere", "gemma2", "gemma3", "smollm3")
+GEMMA3_TEXT = {  # Gemma3TextConfig's defaults: a multimodal gemma3's text_config lists the rest
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    "hidden_activation": GELU, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def _text_config(d: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal gemma3's language model: its text_config over Gemma3TextConfig's
+    defaults (with the ids the top level may hold)."""
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError("config: a gemma3 config.json must hold a 'text_config' object")
+    top = {k: d[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in d}
+    return {**GEMMA3_TEXT, **top, **text, "model_type": "gemma3"}
 
 
 def _experts(d: dict[str, Any]) -> tuple[int, int]:
@@ -113,6 +251,10 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     False reads any llama-family shape (for the speed-of-light model)."""
     if not isinstance(d, dict):
         raise ConfigError("config: config.json must hold a JSON object")
+    if d.get("model_type") == "gemma3_text":
+        d = {**GEMMA3_TEXT, **d, "model_type": "gemma3"}
+    elif d.get("model_type") == "gemma3" and "text_config" in d:
+        d = _text_config(d)
     arch = d.get("model_type")
     if runnable:
         if arch is None:
@@ -121,42 +263,61 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     arch = str(arch or "llama")
     dim = _int(d, "hidden_size", 1, _MAX_DIM)
     n_heads = _int(d, "num_attention_heads", 1, _MAX_DIM)
-    head_dim = d.get("head_dim") or dim // n_heads  # null or absent: dim / heads
-    theta, scaling = _rope(d)
+    n_layers = _int(d, "num_hidden_layers", 1, _MAX_LAYERS)
+    head_dim = d.get("head_dim") or (
+        128 if arch == "qwen3" else dim // n_heads
+    )  # null: dim / heads
+    head_dim = _int({"head_dim": head_dim}, "head_dim", 1, _MAX_DIM)
+    switches = _switches(d, arch, dim, n_layers, head_dim)
+    theta, scaling = _rope(d, arch, switches.get("rotary_dim") or head_dim)
     n_experts, per_token = _experts(d)
     hidden = d.get("moe_intermediate_size") or d.get("intermediate_size", ...)
     bos, eos = d.get("bos_token_id", 1), d.get("eos_token_id", 2)
     kv_heads = {"num_key_value_heads": d.get("num_key_value_heads") or n_heads}  # null: heads
+    max_seq = _int(d, "max_position_embeddings", 1, _MAX_CONTEXT, default=2048)
+    window, sliding = _window(d, arch, n_layers)
+    if arch == "phi3" and window is not None and window >= max_seq:
+        window = None  # phi-4-mini's 262144: never reached, and no ring of that size
     return Config(
         arch=arch,
         dim=dim,
-        n_layers=_int(d, "num_hidden_layers", 1, _MAX_LAYERS),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=_int(kv_heads, "num_key_value_heads", 1, _MAX_DIM),
-        head_dim=_int({"head_dim": head_dim}, "head_dim", 1, _MAX_DIM),
+        head_dim=head_dim,
         hidden_dim=_int({"intermediate_size": hidden}, "intermediate_size", 1, _MAX_DIM * 8),
         vocab_size=_int(d, "vocab_size", 1, _MAX_VOCAB),
-        max_seq_len=_int(d, "max_position_embeddings", 1, _MAX_CONTEXT, default=2048),
+        max_seq_len=max_seq,
         norm_eps=_float(d, "rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        sliding_window=_window(d, arch),
-        tie_embeddings=bool(d.get("tie_word_embeddings", arch == "cohere")),
+        sliding_window=window,
+        sliding_layers=sliding,
+        tie_embeddings=bool(d.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
         qkv_bias=arch == "qwen2" or (not runnable and bool(d.get("attention_bias"))),
         n_experts=n_experts,
         experts_per_token=per_token,
         bos_id=None if bos is None else _ids(bos, "bos_token_id")[0],
         eos_ids=() if eos is None else _ids(eos, "eos_token_id"),
         name=name,
+        **switches,
     )
 
 
+HF_CLASSES = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+}  # fmt: skip
+
+
 def config_to_hf(c: Config) -> dict[str, Any]:
-    """The config.json of a Config (for checkpoints written from a GGUF file)."""
-    names = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    """The config.json of a Config (for checkpoints written from a GGUF file): what
+    config_from_hf reads back into the same Config."""
     d: dict[str, Any] = {
-        "architectures": [names.get(c.arch, "LlamaForCausalLM")],
-        "model_type": c.arch,
+        "architectures": [HF_CLASSES.get(c.arch, "LlamaForCausalLM")],
+        "model_type": "gemma3_text" if c.arch == "gemma3" else c.arch,
         "hidden_size": c.dim,
         "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads,
@@ -175,14 +336,53 @@ def config_to_hf(c: Config) -> dict[str, Any]:
         "torch_dtype": "float32",
     }
     if c.rope_scaling is not None:
-        s = c.rope_scaling
-        d["rope_scaling"] = {"rope_type": s.kind, "factor": s.factor}
-        if s.kind == "llama3":
-            d["rope_scaling"].update(
-                low_freq_factor=s.low_freq_factor,
-                high_freq_factor=s.high_freq_factor,
-                original_max_position_embeddings=s.original_max_position_embeddings,
-            )
+        d |= _rope_to_hf(c.rope_scaling)
+    return d | _switches_to_hf(c)
+
+
+def _rope_to_hf(s: RopeScaling) -> dict[str, Any]:
+    if s.kind == "longrope":  # phi3: the original context a top-level field; Phi3Config
+        # takes three keys, the attention factor only where it is not its own formula's
+        r = {"type": "longrope", "short_factor": list(s.short_factor or ()),
+             "long_factor": list(s.long_factor or ())}  # fmt: skip
+        orig = s.original_max_position_embeddings
+        own = 1.0 if s.factor <= 1 else math.sqrt(1 + math.log(s.factor) / math.log(orig))
+        if not math.isclose(s.attention_factor, own, rel_tol=1e-6):
+            r["attention_factor"] = s.attention_factor
+        return {"rope_scaling": r, "original_max_position_embeddings": orig}
+    out: dict[str, Any] = {"rope_type": s.kind, "factor": s.factor}
+    if s.kind == "llama3":
+        out.update(
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+            original_max_position_embeddings=s.original_max_position_embeddings,
+        )
+    return {"rope_scaling": out}
+
+
+def _switches_to_hf(c: Config) -> dict[str, Any]:
+    """A family's switches under transformers' names (config_from_hf's _switches)."""
+    d: dict[str, Any] = {}
+    if c.sliding_layers is not None:
+        d["layer_types"] = ["sliding_attention" if s else "full_attention"
+                            for s in c.sliding_layers]  # fmt: skip
+        d["use_sliding_window"] = True
+    if c.arch in ("gemma2", "gemma3"):
+        qpas = round((c.attn_scale or c.head_dim**-0.5) ** -2, 6)
+        d |= {"hidden_activation": GELU, "final_logit_softcapping": c.final_softcap,
+              "query_pre_attn_scalar": qpas}  # fmt: skip
+        if c.arch == "gemma2":
+            d["attn_logit_softcapping"] = c.attn_softcap
+        else:
+            d["rope_local_base_freq"] = c.rope_local_theta or c.rope_theta
+    if c.arch == "phi3" and c.rotary_dim:
+        d["partial_rotary_factor"] = c.rotary_dim / c.head_dim
+    if c.arch == "smollm3" and c.rope_layers is not None:
+        d["no_rope_layers"] = [int(r) for r in c.rope_layers]
+    if c.arch == "granite":
+        d |= {"embedding_multiplier": c.embed_scale, "attention_multiplier": c.attn_scale,
+              "residual_multiplier": c.residual_scale,
+              "logits_scaling": c.logits_scaling}  # fmt: skip
     return d
 
 

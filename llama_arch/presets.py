@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError
-from .hf import read_config_json
+from .hf import config_from_hf, read_config_json
 
 
 def _p(name: str, dim: int, layers: int, heads: int, kv: int, hidden: int, vocab: int,
@@ -14,6 +14,47 @@ def _p(name: str, dim: int, layers: int, heads: int, kv: int, hidden: int, vocab
     arch = kw.pop("arch", "mistral" if kw.get("sliding_window") else "llama")
     return Config(arch, dim, layers, heads, kv, dim // heads, hidden, vocab, name=name, **kw)
 
+
+def _hf(name: str, model_type: str, dim: int, layers: int, heads: int, kv: int, hidden: int,
+        vocab: int, **fields: Any) -> Config:  # fmt: skip
+    """A preset from the fields of its config.json, read as config_from_hf reads one (the
+    family's switches follow from model_type)."""
+    d = {"model_type": model_type, "hidden_size": dim, "num_hidden_layers": layers,
+         "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": hidden,
+         "vocab_size": vocab, **fields}  # fmt: skip
+    return config_from_hf(d, name)
+
+
+# The small models of 2026, from their published config.json (shapes, windows, RoPE, the
+# families' constants). Longrope's per-frequency factors are left out: they change no byte
+# and no FLOP, only the angles.
+FAMILIES = [
+    _hf("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 3072, 151936, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True),
+    _hf("qwen3-1.7b", "qwen3", 2048, 28, 16, 8, 6144, 151936, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True),
+    _hf("qwen3-4b", "qwen3", 2560, 36, 32, 8, 9728, 151936, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True),
+    _hf("gemma-3-270m", "gemma3_text", 640, 18, 4, 1, 2048, 262144, head_dim=256,
+        max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256),
+    _hf("gemma-3-1b", "gemma3_text", 1152, 26, 4, 1, 6912, 262144, head_dim=256,
+        max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256),
+    _hf("phi-4-mini", "phi3", 3072, 32, 24, 8, 8192, 200064, partial_rotary_factor=0.75,
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        sliding_window=262144, tie_word_embeddings=True),
+    _hf("smollm3-3b", "smollm3", 2048, 36, 16, 4, 11008, 128256, rope_theta=5e6,
+        max_position_embeddings=65536, no_rope_layer_interval=4),
+    _hf("olmo-2-1b", "olmo2", 2048, 16, 16, 16, 8192, 100352, rope_theta=5e5,
+        max_position_embeddings=4096),
+    _hf("granite-3.3-2b", "granite", 2048, 40, 32, 8, 8192, 49159, rope_theta=1e7,
+        max_position_embeddings=131072, embedding_multiplier=12.0,
+        attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0,
+        tie_word_embeddings=True),
+    _hf("llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, rope_theta=5e5,
+        max_position_embeddings=131072, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+]  # fmt: skip
 
 PRESETS: dict[str, Config] = {
     c.name: c
@@ -45,6 +86,7 @@ PRESETS: dict[str, Config] = {
         _p("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tie_embeddings=True, max_seq_len=8192),
         _p("smollm2-360m", 960, 32, 15, 5, 2560, 49152, tie_embeddings=True, max_seq_len=8192),
         _p("smollm2-1.7b", 2048, 24, 32, 32, 8192, 49152, tie_embeddings=True, max_seq_len=8192),
+        *FAMILIES,
     ]
 }
 

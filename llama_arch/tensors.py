@@ -25,6 +25,15 @@ def layer_matrices(c: Config) -> dict[str, tuple[int, int]]:
 
 
 def layer_vectors(c: Config) -> dict[str, int]:
-    """Length of each float32 vector of a layer: the two norms, and qwen2's biases."""
-    biases = {"bq": c.q_dim, "bk": c.kv_dim, "bv": c.kv_dim} if c.qkv_bias else {}
-    return {"attn_norm": c.dim, "mlp_norm": c.dim} | biases
+    """Length of each float32 vector of a layer: its norms (before and after attention and
+    the MLP, of q and k, as its family has them), and qwen2's biases."""
+    out = {"attn_norm": c.dim, "mlp_norm": c.dim} if c.pre_norm else {}
+    if c.post_norm:
+        out |= {"attn_post_norm": c.dim, "mlp_post_norm": c.dim}
+    if c.qk_norm == "head":
+        out |= {"q_norm": c.head_dim, "k_norm": c.head_dim}
+    elif c.qk_norm == "all":
+        out |= {"q_norm": c.q_dim, "k_norm": c.kv_dim}
+    if c.qkv_bias:
+        out |= {"bq": c.q_dim, "bk": c.kv_dim, "bv": c.kv_dim}
+    return out

@@ -112,11 +112,14 @@ class LLM:
         stats: Stats | None = None,
         **sampling: Any,
     ) -> Iterator[str]:
-        """Text pieces as they are generated. `sampling` takes SamplerSettings' fields
-        (temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)."""
+        """Text pieces as they are generated. `ctx`: the context (default: the prompt and
+        n_predict, at most the model's). `sampling` takes SamplerSettings' fields (temp,
+        top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)."""
         if isinstance(prompt, str) and not prompt:
             raise UsageError("the prompt is empty")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        # the context asked for decides Phi-3's longrope factors, as llama.cpp's n_ctx does
+        ctx = ctx or min(self.config.max_seq_len, len(ids) + n_predict)
         cache = cache if cache is not None else self.new_cache(ctx, window, kv)
         sampler = Sampler(SamplerSettings(**sampling))
         return generate(self.model, self.tokenizer, ids, cache, sampler, n_predict, stop, stats)

@@ -96,20 +96,77 @@ MODELS: dict[str, dict[str, Any]] = {
     # q, k, v biases, rope theta 1e6
     "qwen2": dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6),
 }
+# The families beyond llama's: each switch of the one decoder block at odd shapes (head_dim
+# 24 and 256, one KV head, windows shorter than the 40-token sequences).
+FAMILIES: dict[str, dict[str, Any]] = {
+    # q and k normed per head before RoPE, head_dim 24 (not dim / heads), one KV head
+    "qwen3": dict(arch="qwen3", num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+                  rope_theta=1e6),
+    # the window on the layers from max_window_layers on only
+    "qwen3_window": dict(arch="qwen3", num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                         max_window_layers=1),
+    # (1 + w) norms before and after attention and the MLP, GeGLU, sqrt(dim) embeddings,
+    # query_pre_attn_scalar, both soft-caps biting, every other layer under a window of 8
+    "gemma2": dict(arch="gemma2", num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=24, query_pre_attn_scalar=32,
+                   sliding_window=8, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                   tie_word_embeddings=True),
+    # q and k norms, head_dim 256, local layers (their own rope base) and global ones
+    # (rope_theta, linear scaling) in a pattern of 3
+    "gemma3": dict(arch="gemma3", num_hidden_layers=6, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                   sliding_window=8, sliding_window_pattern=3, rope_theta=1e6,
+                   rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                   final_logit_softcapping=3.0, tie_word_embeddings=True),
+    # partial rotary (18 of 24 dims), longrope (short factors within 128 positions),
+    # fused qkv and gate_up, tied embeddings
+    "phi3": dict(arch="phi3", hidden_size=96, num_attention_heads=4, num_key_value_heads=1,
+                 partial_rotary_factor=0.75, original_max_position_embeddings=128,
+                 rope_scaling={"type": "longrope", "short_factor": [1 + 0.05 * i for i in range(9)],
+                               "long_factor": [1 + 0.7 * i for i in range(9)]},
+                 tie_word_embeddings=True),
+    # every other layer without RoPE (NoPE), head_dim 24
+    "smollm3": dict(arch="smollm3", num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=1, head_dim=24, no_rope_layer_interval=2,
+                    rope_theta=5e5),
+    # the window on the NoPE layers only
+    "smollm3_window": dict(arch="smollm3", num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, no_rope_layer_interval=2,
+                           use_sliding_window=True, sliding_window=8),
+    # no norms before, norms after attention and the MLP, q and k normed over the whole
+    # projection, head_dim 24
+    "olmo2": dict(arch="olmo2", num_attention_heads=4, num_key_value_heads=1, head_dim=24),
+    # the embedding, attention, residual and logits multipliers
+    "granite": dict(arch="granite", num_attention_heads=4, num_key_value_heads=2,
+                    embedding_multiplier=6.0, attention_multiplier=0.04,
+                    residual_multiplier=0.3, logits_scaling=4.0),
+}  # fmt: skip
+MODELS |= FAMILIES
+
+
+def hf_classes(arch: str) -> tuple[Any, Any]:
+    """transformers' (model class, config class) of an architecture."""
+    import transformers as t
+
+    return {
+        "llama": (t.LlamaForCausalLM, t.LlamaConfig),
+        "mistral": (t.MistralForCausalLM, t.MistralConfig),
+        "qwen2": (t.Qwen2ForCausalLM, t.Qwen2Config),
+        "qwen3": (t.Qwen3ForCausalLM, t.Qwen3Config),
+        "gemma2": (t.Gemma2ForCausalLM, t.Gemma2Config),
+        "gemma3": (t.Gemma3ForCausalLM, t.Gemma3TextConfig),
+        "phi3": (t.Phi3ForCausalLM, t.Phi3Config),
+        "smollm3": (t.SmolLM3ForCausalLM, t.SmolLM3Config),
+        "olmo2": (t.Olmo2ForCausalLM, t.Olmo2Config),
+        "granite": (t.GraniteForCausalLM, t.GraniteConfig),
+    }[arch]
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
     """Save a random transformers model `name` (see MODELS) to `directory`; return it in
     float32 (eval mode) as the reference."""
     import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
 
     spec = {**MODELS[name], **overrides}
     arch, dtype = spec.pop("arch"), spec.pop("dtype", "float32")
@@ -120,15 +177,11 @@ def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
         tie_word_embeddings=False, attn_implementation="eager",
     )  # fmt: skip
     base.update(spec)
-    cls, cfg_cls = {
-        "llama": (LlamaForCausalLM, LlamaConfig),
-        "mistral": (MistralForCausalLM, MistralConfig),
-        "qwen2": (Qwen2ForCausalLM, Qwen2Config),
-    }[arch]
+    cls, cfg_cls = hf_classes(arch)
     torch.manual_seed(seed)
     model = cls(cfg_cls(**base)).eval()
-    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so a wrong one shows
-        for n, p in model.named_parameters():
+    with torch.no_grad():  # norms start at 1 (Gemma's at 0), biases at 0: perturb them so
+        for n, p in model.named_parameters():  # that a wrong one shows
             if "norm" in n or "bias" in n:
                 p.add_(0.2 * torch.randn_like(p))
     directory.mkdir(parents=True, exist_ok=True)

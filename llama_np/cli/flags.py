@@ -81,7 +81,7 @@ KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kerne
 THREADS_ARG = (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)"))
 WINDOW_ARG = (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)"))
 MODEL_ARGS = [
-    (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file or alias (default: %(default)s)")),
+    (("-m", "--model"), dict(default=DEFAULT_MODEL, help="checkpoint directory, .gguf file, alias, or hf:ORG/REPO[:QUANT] (a Hugging Face repository, downloaded into its cache) (default: %(default)s)")),
     (("--weights",), dict(choices=TARGETS, metavar="FMT", help=f"convert the weights to FMT at load: {' '.join(TARGETS)} (default: as stored)")),
     (("--head",), dict(choices=TARGETS, metavar="FMT", help="format of the LM head (default: as --weights)")),
     THREADS_ARG,
@@ -97,7 +97,7 @@ SAMPLING_ARGS = [
     (("--repeat-penalty",), dict(type=finite_float, default=1.0, help="penalize recent tokens, 1 = off (default: %(default)s)")),
     (("--repeat-last-n",), dict(type=int, default=64, help="how many recent tokens the penalty sees (default: %(default)s)")),
     (("--seed",), dict(type=int, default=None, help="random seed (default: a fresh one, printed in the summary)")),
-    (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: the model's)")),
+    (("-c", "--ctx-size"), dict(type=positive_int, default=None, help="context size in tokens (default: generate, the prompt and -n; chat, the model's; at most the model's)")),
     WINDOW_ARG,
     KV_ARG,
 ]
@@ -125,7 +125,7 @@ CHAT_COMMAND_ARGS = [
     (("-v", "--verbose"), dict(action="store_true", help="print a summary line after each reply")),
 ]
 QUANTIZE_ARGS = [
-    (("-m", "--model"), dict(required=True, help="input checkpoint directory, .gguf file or alias")),
+    (("-m", "--model"), dict(required=True, help="input checkpoint directory, .gguf file, alias or hf:ORG/REPO[:QUANT]")),
     (("--to",), dict(required=True, choices=TARGETS, metavar="FMT", help=f"weight format: {' '.join(TARGETS)}")),
     (("-o", "--output"), dict(required=True, help="output directory (must not exist)")),
     (("--head",), dict(choices=TARGETS, metavar="FMT", help="format of the LM head (default: as --to)")),
@@ -140,7 +140,7 @@ PERPLEXITY_ARGS = [
     (("--chunks",), dict(type=positive_int, help="score only the first N windows (default: all)")),
 ]
 PULL_ARGS = [
-    (("alias",), dict(nargs="?", default=DEFAULT_MODEL, help="model alias (default: %(default)s)")),
+    (("alias",), dict(nargs="?", default=DEFAULT_MODEL, help="model alias, or a Hugging Face repository hf:ORG/REPO[:QUANT] (its GGUF of that quantization, default Q4_K_M, or its safetensors checkpoint) (default: %(default)s)")),
     (("--force",), dict(action="store_true", help="download again even if cached")),
 ]
 GGUF_MIXES = ["q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s"]

@@ -296,7 +296,8 @@ def endpoint_shape(args: argparse.Namespace) -> Shape | None:
         if args.weights:
             raise UsageError("--weights with --endpoint describes --config's model: give both")
         return None
-    path = pull(args.config) if args.config in MODELS else Path(args.config)
+    named = args.config in MODELS or args.config.startswith("hf:")
+    path = pull(args.config) if named else Path(args.config)
     if path.is_file() and path.suffix == ".gguf":
         config, plan, head, embed = gguf_shape(path)
         if args.weights is None:

@@ -22,10 +22,10 @@ from safetensors.numpy import save_file
 
 from llama_arch import Config, config_to_hf
 from llama_np.errors import UsageError
-from llama_np.io.source import FORMATS_KEY, Source, open_source
+from llama_np.io.source import FORMATS_KEY, NORMS_KEY, Source, open_source
 from llama_np.io.tokenizer import HFTokenizer
 from llama_np.model.build import build_weights, layer_tensor_names
-from llama_np.model.transformer import Weights
+from llama_np.model.transformer import Layer, Weights
 from quant import Weight
 
 TOKENIZER_FILES = (
@@ -36,31 +36,31 @@ TOKENIZER_FILES = (
 
 def named_tensors(w: Weights, c: Config) -> dict[str, Weight | np.ndarray]:
     """The model's tensors under their Hugging Face names (a tied head is not repeated;
-    stacked matrices are cut back into q, k, v and gate, up)."""
+    stacked matrices are cut back into q, k, v and gate, up where the family stores them
+    apart)."""
     out: dict[str, Weight | np.ndarray] = {
         "model.embed_tokens.weight": w.embed,
         "model.norm.weight": w.norm,
     }
     if w.lm_head is not w.embed:
         out["lm_head.weight"] = w.lm_head
-    q, kv, h = c.q_dim, c.kv_dim, c.hidden_dim
     for i, layer in enumerate(w.layers):
-        parts = {
-            "attn_norm": layer.attn_norm,
-            "wq": layer.wqkv.slice_rows(0, q),
-            "wk": layer.wqkv.slice_rows(q, q + kv),
-            "wv": layer.wqkv.slice_rows(q + kv, q + 2 * kv),
-            "wo": layer.wo,
-            "mlp_norm": layer.mlp_norm,
-            "w_gate": layer.w_gate_up.slice_rows(0, h),
-            "w_up": layer.w_gate_up.slice_rows(h, 2 * h),
-            "w_down": layer.w_down,
-        }
-        if c.qkv_bias:
-            b = layer.qkv_bias
-            parts |= {"bq": b[:q], "bk": b[q : q + kv], "bv": b[q + kv :]}
-        out |= {name: parts[attr] for attr, name in layer_tensor_names(i, c).items()}
+        out |= {name: layer_part(layer, role, c) for role, name in layer_tensor_names(i, c).items()}
     return out
+
+
+def layer_part(layer: Layer, role: str, c: Config) -> Weight | np.ndarray:
+    """A layer's tensor by role (llama_arch.tensors, and the fused wqkv, w_gate_up)."""
+    q, kv, h = c.q_dim, c.kv_dim, c.hidden_dim
+    rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
+    if role in ("wq", "wk", "wv"):
+        return layer.wqkv.slice_rows(*rows[role[1]])
+    if role in ("bq", "bk", "bv"):
+        a, b = rows[role[1]]
+        return layer.qkv_bias[a:b]
+    if role in ("w_gate", "w_up"):
+        return layer.w_gate_up.slice_rows(*((0, h) if role == "w_gate" else (h, 2 * h)))
+    return getattr(layer, role)  # wqkv, wo, w_gate_up, w_down, the norms
 
 
 def tensors_at_rest(w: Weights, c: Config) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
@@ -107,7 +107,9 @@ def quantize_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(arrays, tmp / "model.safetensors", metadata={FORMATS_KEY: json.dumps(formats)})
+        # the norm weights as the forward pass multiplies by them (Gemma's 1 + w)
+        metadata = {FORMATS_KEY: json.dumps(formats), NORMS_KEY: "as used"}
+        save_file(arrays, tmp / "model.safetensors", metadata=metadata)
         if src.kind == "hf":
             shutil.copy(src.path / "config.json", tmp / "config.json")
         else:

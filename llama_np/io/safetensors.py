@@ -123,4 +123,15 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
         t, m = read_safetensors(f)
         tensors.update(t)
         metadata.update(m)
-    return Checkpoint(config, tensors, metadata, directory)
+    return Checkpoint(config, language_model(tensors), metadata, directory)
+
+
+def language_model(tensors: dict[str, RawTensor]) -> dict[str, RawTensor]:
+    """A multimodal checkpoint's language model (gemma3's Gemma3ForConditionalGeneration)
+    under a plain one's names: "language_model." dropped, as llama.cpp's converter drops
+    it (transformers saves "language_model.model.layers..." and reads
+    "model.language_model.layers..."); the vision tower and projector left out."""
+    if not any(n.startswith(("language_model.", "model.language_model.")) for n in tensors):
+        return tensors
+    return {n.replace("language_model.", "", 1): t for n, t in tensors.items()
+            if "language_model." in n}  # fmt: skip

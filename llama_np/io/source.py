@@ -14,11 +14,14 @@ from llama_arch import Config
 from llama_np.errors import LlamaNpError, UsageError
 from llama_np.io.safetensors import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
 from llama_np.io.tokenizer import Tokenizer, load_tokenizer
-from llama_np.model.build import Tensor
+from llama_np.model.build import Tensor, hf_norms
 from quant.backends import Backend, numpy_backend
 
 # Metadata key under which `llama-np quantize` records each tensor's format and shape.
 FORMATS_KEY = "llama_np.formats"
+# ... and says its norm weights are stored as the forward pass multiplies by them (Gemma's
+# 1 + w, as a GGUF holds them), not as transformers stores them.
+NORMS_KEY = "llama_np.norms"
 
 
 @dataclass
@@ -89,4 +92,6 @@ def open_source(path: str | Path, backend: Backend | None = None) -> Source:
     directory = path if path.is_dir() else path.parent
     ckpt = load_hf_checkpoint(directory)
     tensors = hf_tensors(ckpt, backend)
+    if ckpt.metadata.get(NORMS_KEY) != "as used":
+        tensors = hf_norms(ckpt.config, tensors)
     return Source(ckpt.config, tensors, load_tokenizer(directory), directory, "hf")

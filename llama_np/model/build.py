@@ -17,21 +17,57 @@ Tensor = Weight | np.ndarray  # a matrix in some format, or a float32 vector (no
 
 
 def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
-    """The Hugging Face names of layer i's tensors, by role (llama_arch.tensors)."""
+    """The Hugging Face names of layer i's tensors, by role (llama_arch.tensors; phi3's
+    fused q, k, v and gate, up as the roles wqkv and w_gate_up)."""
     p = f"model.layers.{i}."
+    gemma = c.arch in ("gemma2", "gemma3")
     names = {
-        "attn_norm": p + "input_layernorm.weight",
         "wq": p + "self_attn.q_proj.weight",
         "wk": p + "self_attn.k_proj.weight",
         "wv": p + "self_attn.v_proj.weight",
         "wo": p + "self_attn.o_proj.weight",
-        "mlp_norm": p + "post_attention_layernorm.weight",
         "w_gate": p + "mlp.gate_proj.weight",
         "w_up": p + "mlp.up_proj.weight",
         "w_down": p + "mlp.down_proj.weight",
     }
+    if c.arch == "phi3":
+        names = {k: v for k, v in names.items() if k in ("wo", "w_down")}
+        names |= {"wqkv": p + "self_attn.qkv_proj.weight",
+                  "w_gate_up": p + "mlp.gate_up_proj.weight"}  # fmt: skip
+    if c.pre_norm:
+        mlp_norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
+        names |= {"attn_norm": p + "input_layernorm.weight", "mlp_norm": f"{p}{mlp_norm}.weight"}
+    if c.post_norm:
+        names |= {"attn_post_norm": p + "post_attention_layernorm.weight",
+                  "mlp_post_norm": p + "post_feedforward_layernorm.weight"}  # fmt: skip
+    if c.qk_norm:
+        names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
     biases = {f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"} if c.qkv_bias else {}
     return names | biases
+
+
+def layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
+    """The shape of each of a layer's tensors by role, the fused ones included."""
+    shapes: dict[str, tuple[int, ...]] = dict(layer_matrices(c))
+    shapes["wqkv"] = (c.q_dim + 2 * c.kv_dim, c.dim)
+    shapes["w_gate_up"] = (2 * c.hidden_dim, c.dim)
+    return shapes | {k: (n,) for k, n in layer_vectors(c).items()}
+
+
+NORM_PLUS_ONE = ("gemma2", "gemma3")  # transformers' Gemma RMSNorm: x * (1 + w)
+
+
+def hf_norms(c: Config, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A Hugging Face checkpoint's norm weights as the forward pass multiplies by them:
+    Gemma's stored w as 1 + w (in float32, as transformers adds them; llama.cpp's converter
+    stores the sum in the GGUF)."""
+    if c.arch not in NORM_PLUS_ONE:
+        return tensors
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if name.endswith("norm.weight") and isinstance(t, np.ndarray):
+            out[name] = np.float32(1) + np.asarray(t, np.float32)
+    return out
 
 
 def _get(tensors: dict[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
@@ -50,8 +86,7 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     layer by role, and the global ones ("embed", "norm", "head": None when tied)."""
     if not c.qkv_bias and (extra := next((n for n in tensors if n.endswith("_proj.bias")), None)):
         raise LlamaNpError(f"tensor {extra!r}: biases are not supported for {c.arch}")
-    shapes: dict[str, tuple[int, ...]] = layer_matrices(c)  # type: ignore[assignment]
-    shapes |= {k: (n,) for k, n in layer_vectors(c).items()}
+    shapes = layer_shapes(c)
     layers = []
     for i in range(c.n_layers):
         layers.append({k: _get(tensors, n, shapes[k]) for k, n in layer_tensor_names(i, c).items()})
@@ -62,11 +97,11 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     return layers, {"embed": embed, "norm": norm, "head": head}
 
 
-def vector(v: np.ndarray) -> np.ndarray:
+def vector(v: np.ndarray | None) -> np.ndarray | None:
     """A norm weight or bias as the kernels take it: float32, contiguous, writable (a
     file's read-only memory map would type a compiled kernel apart from the one-call
-    decode step's copies: a specialization of its own, optimized apart)."""
-    return np.array(v, np.float32)
+    decode step's copies: a specialization of its own, optimized apart); None: none."""
+    return None if v is None else np.array(v, np.float32)
 
 
 def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
@@ -74,8 +109,10 @@ def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
     out = []
     for m in layers:
         bias = vector(np.concatenate([m["bq"], m["bk"], m["bv"]])) if c.qkv_bias else None
-        out.append(Layer(vector(m["attn_norm"]), m["wqkv"], m["wo"], vector(m["mlp_norm"]),
-                         m["w_gate_up"], m["w_down"], qkv_bias=bias))  # fmt: skip
+        v = {k: vector(m.get(k)) for k in ("attn_norm", "mlp_norm", "attn_post_norm",
+                                           "mlp_post_norm", "q_norm", "k_norm")}  # fmt: skip
+        out.append(Layer(wqkv=m["wqkv"], wo=m["wo"], w_gate_up=m["w_gate_up"],
+                         w_down=m["w_down"], qkv_bias=bias, **v))  # fmt: skip
     return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
 
 
@@ -113,8 +150,10 @@ def build_weights(
     head = embed if tied else to(glob["head"], head_fmt)
     for m in layers:
         m.update({k: to(v, fmt) for k, v in m.items() if isinstance(v, Weight)})
-        m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
-        m["w_gate_up"] = stack_rows([m.pop("w_gate"), m.pop("w_up")])
+        if "wqkv" not in m:  # stored fused (phi3): as it is
+            m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
+        if "w_gate_up" not in m:
+            m["w_gate_up"] = stack_rows([m.pop("w_gate"), m.pop("w_up")])
     bar.close()
     keys = ("wqkv", "wo", "w_gate_up", "w_down")
     matrices = [embed, head] + [m.pop(k) for m in layers for k in keys]

@@ -1,9 +1,14 @@
 """The KV cache: per layer, the keys and values of the positions a new token may attend to.
 
-Without a window it holds every position up to its capacity. With a sliding window W it is
-a ring of W slots per layer (position p lives in slot p % W), so memory stays bounded
+Without a window a layer holds every position up to the cache's capacity. Under a sliding
+window W it is a ring of W slots (position p lives in slot p % W), so memory stays bounded
 however long generation runs. Attention is order-free once RoPE is applied, so a decode
 step attends to the ring's slots as they lie, without reordering them.
+
+Layers may differ: Gemma's sliding layers keep a ring of W, its global layers every
+position. All of a cache's stores have one shape (the largest layer's slots: the compiled
+kernels address every layer's stores alike); a ring uses its first W slots, and the
+untouched pages of the rest are never mapped (quant.kv.lazy_zeros).
 """
 
 from __future__ import annotations
@@ -26,11 +31,20 @@ def physical_memory() -> int:
         return 1 << 62  # unknown: do not refuse
 
 
+def layer_slots(config: Config, capacity: int, window: int | None) -> list[int]:
+    """Per layer, the slots its keys and values occupy: its window (a ring), else the
+    capacity. `window`: a user's, on every layer (None: the model's own)."""
+    out = []
+    for i in range(config.n_layers):
+        w = config.layer_window(i, window)
+        out.append(capacity if w is None else w)
+    return out
+
+
 def cache_nbytes(config: Config, capacity: int, window: int | None, fmt: str) -> int:
     """Bytes a cache of this capacity (or window) takes once full."""
-    slots = window if window is not None else capacity
     slot = kv_store_class(fmt).slot_nbytes(config.n_kv_heads, config.head_dim)
-    return 2 * config.n_layers * slots * slot
+    return 2 * sum(layer_slots(config, capacity, window)) * slot
 
 
 def check_batch_fits(model, batch: int, capacity: int, window: int | None, fmt: str) -> None:
@@ -45,19 +59,24 @@ def check_batch_fits(model, batch: int, capacity: int, window: int | None, fmt: 
         )
 
 
+def as_stored(store, x: np.ndarray) -> np.ndarray:
+    """x (T, n_kv, hd) as the store's format keeps it, read back: (n_kv, T, hd) float32."""
+    return store.decode([part.transpose(1, 0, 2) for part in store.encode(x)])
+
+
 class ContextFull(UsageError):
     """A full-attention cache has no room for the next position."""
 
 
 class Span(NamedTuple):
-    """What a step of t new positions (pos..pos+t-1) does in every layer, computed once per
-    step by `KVCache.span`: the same for all layers."""
+    """What a step of t new positions (pos..pos+t-1) does in a layer, computed once per
+    step by `KVCache.spans`: the same for every layer of one ring size."""
 
     t: int
     slot: int  # where position `pos` goes (its slot in the ring)
     n_keys: int  # keys the last new position attends to, itself included
-    read_nbytes: int  # bytes of stored keys and values one layer's attention reads
-    write_nbytes: int  # bytes one layer's append writes
+    read_nbytes: int  # bytes of stored keys and values the layer's attention reads
+    write_nbytes: int  # bytes the layer's append writes
 
 
 class KVView(NamedTuple):
@@ -77,20 +96,23 @@ class KVCache:
         fmt: str = "f32",
         backend: Backend | None = None,
     ) -> None:
-        """`backend`: the kernel backend whose memory and layout the stores take (its
+        """`window`: a sliding window on every layer (None: the model's own, per layer);
+        `backend`: the kernel backend whose memory and layout the stores take (its
         `kv_store`); the NumPy reference's when None."""
         if capacity < 1:
             raise UsageError(f"the context size must be positive, got {capacity}")
-        self.window = window
-        self.capacity = capacity  # positions a full-attention cache can hold
-        slots = window if window is not None else capacity
+        self.window = window  # a user's, on every layer; None: the model's own
+        self.windows = [config.layer_window(i, window) for i in range(config.n_layers)]
+        self.capacity = capacity  # positions a full-attention layer can hold
+        self.rings = layer_slots(config, capacity, window)  # each layer's slots
+        self.slots = max(self.rings)  # every store's
         self.backend = backend or numpy_backend()
-        shape = (config.n_kv_heads, slots, config.head_dim)
+        shape = (config.n_kv_heads, self.slots, config.head_dim)
         need = cache_nbytes(config, capacity, window, fmt)
         if need > physical_memory():
             raise UsageError(
-                f"a KV cache of {slots:,} positions needs {need / 1e9:.1f} GB, more than this "
-                "machine's memory; lower -c/--ctx-size or set --window"
+                f"a KV cache of {self.slots:,} positions needs {need / 1e9:.1f} GB, more than "
+                "this machine's memory; lower -c/--ctx-size or set --window"
             )
         self.config = config
         self.k = [self.backend.kv_store(fmt, shape, True) for _ in range(config.n_layers)]
@@ -100,33 +122,39 @@ class KVCache:
             (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
         ]
         self.fmt = fmt
-        self.slots = slots
         self.head_shape = (config.n_kv_heads, config.head_dim)
         self.pos = 0  # positions stored so far; the next token has position `pos`
 
+    @property
+    def endless(self) -> bool:
+        """Every layer is a ring: positions never run out."""
+        return all(w is not None for w in self.windows)
+
     def room(self) -> int | None:
-        """How many more positions fit; None when a window makes the cache endless."""
-        return None if self.window is not None else self.capacity - self.pos
+        """How many more positions fit; None when windows make the cache endless."""
+        return None if self.endless else self.capacity - self.pos
 
-    def n_keys(self, pos: int) -> int:
-        """How many keys the token at `pos` attends to, itself included."""
-        return pos + 1 if self.window is None else min(pos + 1, self.window)
-
-    def span(self, t: int) -> Span:
-        """The step of positions pos..pos+t-1: where they go, what the last attends to and
-        the bytes each layer reads and writes; ContextFull when a full-attention cache has
-        no room. `advance(t)` moves `pos` once every layer is done."""
+    def spans(self, t: int) -> list[Span]:
+        """Per layer, the step of positions pos..pos+t-1: where they go, what the last
+        attends to and the bytes the layer reads and writes (one Span per ring size);
+        ContextFull when a full-attention layer has no room. `advance(t)` moves `pos` once
+        every layer is done."""
         p0 = self.pos
-        if self.window is None and p0 + t > self.capacity:
+        if not self.endless and p0 + t > self.capacity:
             raise ContextFull(
                 f"context full: {p0 + t} positions exceed the context size {self.capacity}"
             )
-        K, V = self.k[0], self.v[0]  # every layer is alike
-        n = self.n_keys(p0 + t - 1)
-        # a batch under a window reads the keys held, then attends to the new ones too
-        read = min(p0, self.window) if self.window is not None and t > 1 else n
+        K, V = self.k[0], self.v[0]  # every layer's stores are alike
         written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
-        return Span(t, p0 % self.slots, n, K.stored_nbytes(read) + V.stored_nbytes(read), written)
+        by_window: dict[int | None, Span] = {}
+        for w, ring in zip(self.windows, self.rings, strict=True):
+            if w not in by_window:
+                n = p0 + t if w is None else min(p0 + t, w)
+                # a batch under a window reads the keys held, then attends to the new ones
+                read = min(p0, w) if w is not None and t > 1 else n
+                by_window[w] = Span(t, p0 % ring, n, K.stored_nbytes(read) + V.stored_nbytes(read),
+                                    written)  # fmt: skip
+        return [by_window[w] for w in self.windows]
 
     def arrays(self, layer: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The arrays of `layer`'s key and value stores, as a compiled kernel takes them: it
@@ -136,8 +164,8 @@ class KVCache:
     def update(self, layer: int, span: Span, k: np.ndarray, v: np.ndarray) -> KVView:
         """Append k, v (T, n_kv, hd) of the span's positions to `layer`; return, as float32,
         what those T queries attend to (the NumPy kernels)."""
-        p0, t = self.pos, span.t
-        if self.window is None:
+        p0, t, w = self.pos, span.t, self.windows[layer]
+        if w is None:
             self.k[layer].write(p0, k)
             self.v[layer].write(p0, v)
             n = p0 + t
@@ -145,24 +173,28 @@ class KVCache:
                           None if t == 1 else np.arange(n))  # fmt: skip
         if t == 1:  # the ring now holds exactly the keys this token may see
             self._write_ring(layer, p0, k, v)
-            n = min(p0 + 1, self.window)
+            n = min(p0 + 1, w)
             return KVView(self.k[layer].load(0, n), self.v[layer].load(0, n), None)
-        # A batch under a window: the keys still held (at most W) followed by the new ones,
-        # with positions for the mask; then the newest W positions go into the ring.
-        w, held = self.window, min(p0, self.window)
+        # A batch under a window: the keys still held (at most W) followed by the new ones
+        # (rounded as the store keeps them, as every other read gives them), with positions
+        # for the mask; then the newest W positions go into the ring.
+        held = min(p0, w)
         slots = np.arange(held)
         held_pos = slots + w * ((p0 - 1 - slots) // w)  # newest position in each slot
         # copies, in (n_kv, L, hd) order: the ring is overwritten next
-        k_all = np.concatenate([self.k[layer].load(0, held), k.transpose(1, 0, 2)], axis=1)
-        v_all = np.concatenate([self.v[layer].load(0, held), v.transpose(1, 0, 2)], axis=1)
+        K, V = self.k[layer], self.v[layer]
+        k_all = np.concatenate([K.load(0, held), as_stored(K, k)], axis=1)
+        v_all = np.concatenate([V.load(0, held), as_stored(V, v)], axis=1)
         m = min(t, w)
         self._write_ring(layer, p0 + t - m, k[t - m :], v[t - m :])
         return KVView(k_all, v_all, np.concatenate([held_pos, np.arange(p0, p0 + t)]))
 
     def _write_ring(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store positions start:start+m (m <= W) in their slots, wrapping at most once."""
-        s, m = start % self.slots, k.shape[0]
-        first = min(m, self.slots - s)
+        """Store positions start:start+m (m <= the layer's slots) in their slots, wrapping
+        at most once."""
+        ring = self.rings[layer]
+        s, m = start % ring, k.shape[0]
+        first = min(m, ring - s)
         K, V = self.k[layer], self.v[layer]
         K.write(s, k[:first])
         V.write(s, v[:first])
@@ -174,11 +206,11 @@ class KVCache:
         """Start at depth n: random keys and values for positions 0..n-1 (the newest W of
         them under a window), written through the cache's format. For benchmarks, which
         need the KV reads of a deep context, not its meaning."""
-        if self.window is None and n > self.capacity:
+        if not self.endless and n > self.capacity:
             raise ContextFull(f"depth {n} exceeds the context size {self.capacity}")
-        keep = n if self.window is None else min(n, self.window)
-        chunk = min(1024, self.slots)  # bounded temporary memory; a ring wraps once at most
-        for layer in range(len(self.k)):
+        for layer, ring in enumerate(self.rings):
+            keep = min(n, ring)
+            chunk = min(1024, ring)  # bounded temporary memory; a ring wraps once at most
             for p in range(n - keep, n, chunk):
                 k, v = rng.standard_normal(
                     (2, min(chunk, n - p), *self.head_shape), dtype=np.float32
@@ -192,8 +224,9 @@ class KVCache:
         if n > self.pos:
             raise ValueError(f"cannot truncate to {n}: the cache holds {self.pos} positions")
         # a ring has overwritten positions below pos - W; those n - 1 attends to must remain
-        if self.window is not None and max(0, n - self.window + 1) < self.pos - self.window:
-            return False
+        for w in self.windows:
+            if w is not None and max(0, n - w + 1) < self.pos - w:
+                return False
         self.pos = n
         return True
 
@@ -204,8 +237,9 @@ class KVCache:
         """A second cache holding the same positions (a prompt prefilled once, continued by
         several sequences): only the slots written so far are copied."""
         new = KVCache(self.config, self.capacity, self.window, self.fmt, self.backend)
-        for src, dst in zip(self.k + self.v, new.k + new.v, strict=True):
-            src.copy_to(dst, min(self.pos, self.slots))
+        rings = self.rings + self.rings
+        for src, dst, ring in zip(self.k + self.v, new.k + new.v, rings, strict=True):
+            src.copy_to(dst, min(self.pos, ring))
         new.pos = self.pos
         return new
 

@@ -7,6 +7,7 @@ under NumPy 2 promotion and would turn the next matrix product into a float64 co
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,19 +17,28 @@ from quant import Matrix
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis. (T, dim) -> (T, dim)"""
-    if x.shape[0] == 1:  # decode: one BLAS dot, scalar math, one product (a call costs ~3 us)
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis. (..., n) -> (..., n)"""
+    if x.ndim == 2 and x.shape[0] == 1:  # decode: one BLAS dot, scalar math, one product
         inv = 1.0 / math.sqrt(float(x[0] @ x[0]) / x.shape[1] + eps)
         return x * (weight * np.float32(inv))
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
 
 
-def rope_inv_freq(config: Config) -> np.ndarray:
-    """Inverse frequencies of RoPE, computed in float32 as transformers does. (head_dim/2,)"""
-    hd = config.head_dim
-    exponents = np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)
-    inv_freq = np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)
+def rope_inv_freq(config: Config, kind: str = "global", long: bool = False) -> np.ndarray:
+    """Inverse frequencies of RoPE over the rotary dims, in float32 as transformers computes
+    them, for a layer's kind (Config.layer_rope): "global" with the config's scaling,
+    "local" (gemma3's sliding layers: their own base, unscaled), "none" (NoPE: every
+    angle 0, so the rotation is the identity, exactly). `long`: longrope past the original
+    context. (rotary / 2,)"""
+    d = config.rotary
+    exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
+    if kind == "none":
+        return np.zeros(d // 2, np.float32)
+    theta = config.rope_local_theta if kind == "local" else config.rope_theta
+    inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponents)
+    if kind == "local":
+        return inv_freq
     if config.rope_freq_factors is not None:
         inv_freq = inv_freq / np.asarray(config.rope_freq_factors, dtype=np.float32)
     scaling = config.rope_scaling
@@ -37,6 +47,9 @@ def rope_inv_freq(config: Config) -> np.ndarray:
     factor = np.float32(scaling.factor)
     if scaling.kind == "linear":
         return inv_freq / factor
+    if scaling.kind == "longrope":  # transformers: 1 / (factor_i * base^(2i/d))
+        ext = np.asarray(scaling.long_factor if long else scaling.short_factor, np.float32)
+        return np.float32(1.0) / (ext * np.power(np.float32(theta), exponents))
     # llama3: long wavelengths are divided by `factor`, short ones kept, the band between
     # interpolated smoothly (transformers' _compute_llama3_parameters).
     old_ctx = np.float32(scaling.original_max_position_embeddings)
@@ -52,22 +65,34 @@ def rope_inv_freq(config: Config) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def rope_scale(config: Config, kind: str) -> float:
+    """What cos and sin are multiplied by: longrope's attention factor on its layers."""
+    r = config.rope_scaling
+    longrope = r is not None and r.kind == "longrope" and kind == "global"
+    return r.attention_factor if longrope else 1.0
+
+
 class Rotary:
     """RoPE at the given positions, in transformers' rotate-half convention: the pair
-    (i, i + head_dim/2) turns by position * inv_freq[i].
+    (i, i + rotary/2) turns by position * inv_freq[i]; a head's dims past the rotary ones
+    (partial rotary: phi3) pass unchanged. cos and sin carry `scale` (longrope).
 
     For one position (decode) the rotation is a (head_dim, head_dim) matrix built once per
     token and shared by every layer: applying it is one small matmul instead of six
     elementwise passes (`matrix=False` when a compiled kernel applies cos and sin)."""
 
-    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray, matrix: bool = True) -> None:
-        angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray, head_dim: int,
+                 scale: float = 1.0, matrix: bool = True) -> None:  # fmt: skip
+        angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, rotary/2)
         self.cos, self.sin = np.cos(angles), np.sin(angles)
+        if scale != 1.0:  # transformers: cos and sin times longrope's attention factor
+            self.cos *= np.float32(scale)
+            self.sin *= np.float32(scale)
         self.matrix = None
         if len(positions) == 1 and matrix:
             h = inv_freq.size
             i = np.arange(h)
-            r = np.zeros((2 * h, 2 * h), np.float32)
+            r = np.eye(head_dim, dtype=np.float32)
             r[i, i] = r[i + h, i + h] = self.cos[0]
             r[i, i + h], r[i + h, i] = self.sin[0], -self.sin[0]
             self.matrix = r  # out[j] = x[j] cos - x[j+h] sin;  out[j+h] = x[j+h] cos + x[j] sin
@@ -76,10 +101,10 @@ class Rotary:
         """x (T, heads, head_dim) -> (T, heads, head_dim)"""
         if self.matrix is not None:
             return np.matmul(x, self.matrix)
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
+        half = self.cos.shape[-1]
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
         c, s = self.cos[:, None, :], self.sin[:, None, :]
-        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half :]], axis=-1)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -90,9 +115,12 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None
-) -> np.ndarray:
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
+    scale: float | None = None, softcap: float | None = None,
+) -> np.ndarray:  # fmt: skip
     """Grouped-query attention: each of the n_kv key/value heads serves n_rep query heads.
+    The scores times `scale` (default 1/sqrt(hd)), soft-capped when `softcap` (gemma2:
+    cap * tanh(s / cap)), before the mask.
 
     q (T, n_heads, hd); k, v (n_kv, L, hd); mask (T, L) of 0 / -inf or None
     -> (T, n_heads * hd)
@@ -100,13 +128,15 @@ def attention(
     t, n_heads, hd = q.shape
     n_kv = k.shape[0]
     n_rep = n_heads // n_kv
-    scale = np.float32(1.0 / math.sqrt(hd))
+    scale = np.float32(1.0 / math.sqrt(hd) if scale is None else scale)
     if t == 1 and mask is None:  # decode: the fewest NumPy calls
         # Q @ K^T per KV head. Measured at 4096 keys against K @ Q^T, an all-heads GEMM
         # with a block-diagonal Q, and per-query gemv: this stays the fastest (~0.9 ms a
         # layer for SmolLM2); OpenBLAS is slow on products this skinny (n_rep = 3 rows).
         s = np.matmul(q.reshape(n_kv, n_rep, hd), k.transpose(0, 2, 1))  # (n_kv, n_rep, L)
         s *= scale
+        if softcap is not None:
+            s = capped(s, softcap)
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         out = np.matmul(s, v)  # (n_kv, n_rep, hd), normalized after: fewer elements
@@ -115,11 +145,19 @@ def attention(
     # (T, n_kv, n_rep, hd) -> (n_kv, n_rep * T, hd): one batched matmul per KV head
     qg = q.reshape(t, n_kv, n_rep, hd).transpose(1, 2, 0, 3).reshape(n_kv, n_rep * t, hd)
     scores = np.matmul(qg, k.transpose(0, 2, 1)) * scale
+    if softcap is not None:
+        scores = capped(scores, softcap)
     if mask is not None:
         scores = scores.reshape(n_kv, n_rep, t, -1) + mask
     probs = softmax(scores).reshape(n_kv, n_rep * t, -1)
     out = np.matmul(probs, v)  # (n_kv, n_rep * T, hd)
     return out.reshape(n_kv, n_rep, t, hd).transpose(2, 0, 1, 3).reshape(t, n_heads * hd)
+
+
+def capped(x: np.ndarray, cap: float) -> np.ndarray:
+    """Soft-capping as Gemma's: cap * tanh(x / cap), in float32."""
+    c = np.float32(cap)
+    return np.tanh(x / c) * c
 
 
 def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
@@ -143,18 +181,77 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return t
 
 
+GELU_C = np.float32(math.sqrt(2 / math.pi))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Gemma's gated activation gelu_tanh(gate) * up, with GELU's tanh approximation
+    0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as PyTorch's; one buffer."""
+    t = gate * gate
+    t *= np.float32(0.044715) * gate
+    t += gate
+    t *= GELU_C
+    np.tanh(t, out=t)
+    t += np.float32(1.0)
+    t *= gate
+    t *= np.float32(0.5)
+    t *= up
+    return t
+
+
+GATES = {"silu": swiglu, "gelu_tanh": geglu}
+
+
+class QKNorms(NamedTuple):
+    """A layer's RMSNorms of q and k before RoPE (Config.qk_norm): over each head
+    ("head": weights (head_dim,)), over each whole projection ("all": (q_dim,), (kv_dim,)),
+    or none."""
+
+    q: np.ndarray | None = None
+    k: np.ndarray | None = None
+    eps: float = 1e-6
+
+    def apply(self, q: np.ndarray, k: np.ndarray, c: Config) -> tuple[np.ndarray, np.ndarray]:
+        """q (T, q_dim), k (T, kv_dim) -> (T, n_heads, hd), (T, n_kv_heads, hd)"""
+        t = q.shape[0]
+        if self.q is not None and c.qk_norm == "all":
+            q, k = rmsnorm(q, self.q, self.eps), rmsnorm(k, self.k, self.eps)
+        q = q.reshape(t, c.n_heads, c.head_dim)
+        k = k.reshape(t, c.n_kv_heads, c.head_dim)
+        if self.q is not None and c.qk_norm == "head":
+            q, k = rmsnorm(q, self.q, self.eps), rmsnorm(k, self.k, self.eps)
+        return q, k
+
+
+class Residual(NamedTuple):
+    """What a sub-block's output goes through before the residual add: an RMSNorm (the
+    post-norms of gemma and olmo2) and a scale (granite's residual_multiplier)."""
+
+    norm: np.ndarray | None = None
+    eps: float = 1e-6
+    scale: float = 1.0
+
+    def apply(self, y: np.ndarray) -> np.ndarray:
+        if self.norm is not None:
+            y = rmsnorm(y, self.norm, self.eps)
+        if self.scale != 1.0:
+            y = y * np.float32(self.scale)
+        return y
+
+
 class NumpyOps:
     """The operations the forward pass is made of, each a step of the math that a kernel
     backend may run as one fused call: the NumPy reference, composed of the functions
     above. llama_np.model.ops_compiled replaces them for the compiled backend."""
 
     def attention_batch(
-        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list
-    ) -> np.ndarray:
+        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
         """One token of each of B sequences, each with its own cache, rotation and span:
         `attention` of each in turn. (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
-        return np.concatenate([self.attention(c, qkv[b : b + 1], cache, layer, rots[b], spans[b])
-                               for b, cache in enumerate(caches)])  # fmt: skip
+        return np.concatenate([self.attention(c, qkv[b : b + 1], cache, layer, rots[b], spans[b],
+                                              qk) for b, cache in enumerate(caches)])  # fmt: skip
 
     def linear(self, w: Matrix, x: np.ndarray) -> np.ndarray:
         """x @ W.T: a matvec for one token, a matmul for a batch. (T, cols) -> (T, rows)"""
@@ -162,38 +259,54 @@ class NumpyOps:
             return w.matvec(x[0])[None, :]
         return w.matmul(x)
 
-    def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
-        return Rotary(positions, inv_freq)
+    def rotary(self, positions: np.ndarray, inv_freq: np.ndarray, head_dim: int,
+               scale: float = 1.0) -> Rotary:  # fmt: skip
+        return Rotary(positions, inv_freq, head_dim, scale)
 
-    def norm_linear(self, x: np.ndarray, norm: np.ndarray, eps: float, w: Matrix) -> np.ndarray:
-        """rmsnorm(x) @ W.T: (T, dim) -> (T, rows)"""
-        return self.linear(w, rmsnorm(x, norm, eps))
+    def norm_linear(self, x: np.ndarray, norm: np.ndarray | None, eps: float,
+                    w: Matrix) -> np.ndarray:  # fmt: skip
+        """rmsnorm(x) @ W.T (x @ W.T without a norm): (T, dim) -> (T, rows)"""
+        return self.linear(w, x if norm is None else rmsnorm(x, norm, eps))
 
-    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray) -> np.ndarray:
-        """The residual stream after a product: x + inp @ W.T (T, dim)"""
-        return x + self.linear(w, inp)
+    def head_epilogue(self, logits: np.ndarray, c: Config) -> np.ndarray:
+        """The logits as the family ends them: divided by granite's logits_scaling,
+        soft-capped as Gemma's."""
+        if c.logits_scaling != 1.0:
+            logits = logits / np.float32(c.logits_scaling)
+        if c.final_softcap is not None:
+            logits = capped(logits, c.final_softcap)
+        return logits
 
-    def swiglu_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray) -> np.ndarray:
-        """x + swiglu(gate, up) @ W.T for gate_up = [gate | up] (T, 2 * hidden) -> (T, dim)"""
+    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray,
+                   post: Residual) -> np.ndarray:  # fmt: skip
+        """The residual stream after a product: x + scale * post_norm(inp @ W.T) (T, dim),
+        with the norm where the family has one (gemma, olmo2), the scale granite's."""
+        return x + post.apply(self.linear(w, inp))
+
+    def gated_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, act: str,
+                         post: Residual) -> np.ndarray:  # fmt: skip
+        """x + scale * post_norm(act(gate) * up @ W.T) for gate_up = [gate | up]:
+        (T, 2 * hidden) -> (T, dim)"""
         hidden = gate_up.shape[1] // 2
-        return x + self.linear(w, swiglu(gate_up[:, :hidden], gate_up[:, hidden:]))
+        h = GATES[act](gate_up[:, :hidden], gate_up[:, hidden:])
+        return x + post.apply(self.linear(w, h))
 
     def attention(
-        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
-    ) -> np.ndarray:
-        """RoPE, append k and v to the cache, attend: qkv (T, q_dim + 2 kv_dim) ->
-        (T, q_dim)."""
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
+        """q and k normed (as the family norms them), RoPE, append k and v to the cache,
+        attend: qkv (T, q_dim + 2 kv_dim) -> (T, q_dim)."""
         t = qkv.shape[0]
-        q = qkv[:, : c.q_dim].reshape(t, c.n_heads, c.head_dim)
-        k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(t, c.n_kv_heads, c.head_dim)
+        q, k = qk.apply(qkv[:, : c.q_dim], qkv[:, c.q_dim : c.q_dim + c.kv_dim], c)
         v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
         q, k = rot(q), rot(k)
         view = cache.update(layer, span, k, v)  # attends to view.k, view.v: (n_kv, L, hd)
         mask = None
         if view.positions is not None:
             positions = np.arange(cache.pos, cache.pos + t)
-            mask = causal_mask(positions, view.positions, cache.window)  # (T, L)
-        return attention(q, view.k, view.v, mask)
+            mask = causal_mask(positions, view.positions, cache.windows[layer])  # (T, L)
+        return attention(q, view.k, view.v, mask, c.attn_scale, c.attn_softcap)
 
     def decode_blocks(
         self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span

@@ -17,7 +17,7 @@ import numpy as np
 
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
-from llama_np.model.ops import NumpyOps, Rotary
+from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary
 from quant import Matrix
 from quant.compiled import attention, fewblocks, kinds, layers, ops
 from quant.compiled.fewdot import FEW
@@ -59,10 +59,34 @@ def batch_product(w: Matrix, x: np.ndarray, into: np.ndarray | None, dot: str) -
 
 def prepared(x: np.ndarray, norm: np.ndarray, eps: float, mode: int) -> np.ndarray:
     """The prologue of every row, as decode runs it on one (ops.prepare_rows_shared)."""
-    out = np.empty((x.shape[0], x.shape[1] // 2 if mode == ops.SWIGLU else x.shape[1]),
-                   np.float32)  # fmt: skip
+    half = mode in (ops.SWIGLU, ops.GEGLU)
+    out = np.empty((x.shape[0], x.shape[1] // 2 if half else x.shape[1]), np.float32)
     ops.prepare_rows_shared(np.ascontiguousarray(x), norm, np.float32(eps), mode, out)
     return out
+
+
+NO_VECTOR = np.zeros(0, np.float32)  # a norm a family has not: what the kernels take
+
+
+def scores_scale(c: Config) -> np.float32:
+    """The attention scores' scale: the family's, else 1 / sqrt(head_dim) in float32."""
+    if c.attn_scale is not None:
+        return np.float32(c.attn_scale)
+    return np.float32(1) / np.sqrt(np.float32(c.head_dim))
+
+
+def layer_spec(c: Config, qk: QKNorms) -> tuple:
+    """A layer's attention.spec_of: its q and k norms, the scale, the soft-cap."""
+    q = NO_VECTOR if qk.q is None else qk.q
+    k = NO_VECTOR if qk.k is None else qk.k
+    return attention.spec_of(q, k, c.norm_eps, scores_scale(c), c.attn_softcap or 0.0)
+
+
+def block_form(c: Config) -> tuple:
+    """layers.decode_blocks' `form`: the prologue before attention and the MLP, the MLP's
+    gate, whether sub-blocks' outputs are normed, the residual multiplier."""
+    pre = ops.NORM if c.pre_norm else ops.PLAIN
+    return pre, ops.GATED[c.mlp_act], c.post_norm, np.float32(c.residual_scale)
 
 
 class Blocks:
@@ -70,7 +94,7 @@ class Blocks:
     once: a table of every product's operands, which rows each layer's products are, the
     norms and biases stacked by layer; and, per KV cache, the addresses of its layers."""
 
-    def __init__(self, blocks: Sequence) -> None:
+    def __init__(self, blocks: Sequence, c: Config) -> None:
         """`blocks`: llama_np.model.transformer.Layer, each product in a compiled format."""
         operands, self.plan = [], np.zeros((len(blocks), 4, 2), np.int64)
         for i, b in enumerate(blocks):
@@ -79,12 +103,19 @@ class Blocks:
                 self.plan[i, j] = len(operands), len(operands) + len(parts)
                 operands += parts
         self.table = layers.table(operands)
-        self.norms = np.stack([np.stack([b.attn_norm, b.mlp_norm]) for b in blocks])
-        self.norms = self.norms.astype(np.float32)
+        unused = np.zeros(c.dim, np.float32)  # a norm the family has not: never read
+        norms = [(b.attn_norm, b.mlp_norm, b.attn_post_norm, b.mlp_post_norm) for b in blocks]
+        self.norms = np.array([[unused if v is None else v for v in n] for n in norms],
+                              np.float32)  # (L, 4, dim)  # fmt: skip
         self.quantized = bool((self.table.rows[:, layers.KIND] >= kinds.Q8_0).any())
         bias = [b.qkv_bias for b in blocks]
         self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
                        else np.stack(bias).astype(np.float32))  # fmt: skip
+        qk = [(NO_VECTOR, NO_VECTOR) if b.q_norm is None else (b.q_norm, b.k_norm) for b in blocks]
+        q_norms, k_norms = np.stack([q for q, _ in qk]), np.stack([k for _, k in qk])
+        self.spec = attention.spec_of(q_norms, k_norms, c.norm_eps, scores_scale(c),
+                                      c.attn_softcap or 0.0)  # fmt: skip
+        self.form = block_form(c)
         self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
 
     @staticmethod
@@ -107,6 +138,15 @@ class Blocks:
         return at
 
 
+def span_kinds(windows: list) -> np.ndarray | None:
+    """Per layer, which of at most two spans its attention takes (0: layer 0's window,
+    1: the other); None for more than two windows."""
+    others = {w for w in windows if w != windows[0]}
+    if len(others) > 1:
+        return None
+    return np.array([0 if w == windows[0] else 1 for w in windows], np.int64)
+
+
 class CompiledOps(NumpyOps):
     def __init__(self, dot: str) -> None:
         self.dot = dot  # x in quantized decode products: "f32", "int8", "int16" (the backend's)
@@ -115,26 +155,30 @@ class CompiledOps(NumpyOps):
         self._blocks: tuple[Sequence, Blocks | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
 
-    def packed(self, blocks: Sequence) -> Blocks | None:
+    def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            self._blocks = (blocks, Blocks(blocks) if Blocks.packable(blocks) else None)
+            self._blocks = (blocks, Blocks(blocks, c) if Blocks.packable(blocks) else None)
         return self._blocks[1]
 
     def decode_blocks(
-        self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
-    ) -> bool:
+        self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rots: list,
+        spans: list,
+    ) -> bool:  # fmt: skip
         """One token through every decoder block in one compiled call, x (1, dim) in place;
-        False (nothing done) when the blocks cannot be packed."""
-        packed = self.packed(blocks) if self.one_call else None
+        False (nothing done) when the blocks cannot be packed. rots, spans: per layer."""
+        packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or x.shape[0] != 1:
             return False
         keys, values = cache.arrays(0)
         t = packed.table
+        cos, sin = np.stack([r.cos[0] for r in rots]), np.stack([r.sin[0] for r in rots])
+        slots = np.array([s.slot for s in spans], np.int64)
+        n_keys = np.array([s.n_keys for s in spans], np.int64)
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
-                             np.float32(c.norm_eps), rot.cos[0], rot.sin[0], keys, values,
-                             packed.kv_addresses(cache), span.slot, span.n_keys, self.ints,
+                             np.float32(c.norm_eps), packed.form, cos, sin, packed.spec, keys,
+                             values, packed.kv_addresses(cache), slots, n_keys, self.ints,
                              self.team or numba.get_num_threads())  # fmt: skip
         return True
 
@@ -143,25 +187,35 @@ class CompiledOps(NumpyOps):
     ) -> bool:
         """One token of each of B <= FEW sequences through every decoder block in one
         compiled call (fewblocks.decode_few), x (B, dim) in place; False (nothing done)
-        when the blocks cannot be packed, B is 1 or more than FEW, the caches' layouts
-        differ, or a quantized product would multiply x in float32 (the calls one by one
-        run those)."""
-        packed = self.packed(blocks) if self.one_call else None
+        when the blocks cannot be packed, B is 1 or more than FEW, the caches' layouts or
+        windows differ (or take more than two windows), or a quantized product would
+        multiply x in float32 (the calls one by one run those). rots, spans: per
+        sequence, per layer."""
+        packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or not 1 < x.shape[0] <= FEW or (packed.quantized and not self.ints):
             return False
         if not (x.flags.c_contiguous and x.flags.writeable):
             return False
         layouts = [self.kv_layout(cache) for cache in caches]
-        if len({shapes for shapes, _ in layouts}) != 1:
+        windows = caches[0].windows
+        kind = span_kinds(windows)
+        if (
+            len({shapes for shapes, _ in layouts}) != 1
+            or kind is None
+            or any(cache.windows != windows for cache in caches)
+        ):
             return False
+        first = [int(np.argmax(kind == j)) for j in (0, 1)]  # a layer of each span kind
+        slots = np.array([[s[i].slot for s in spans] for i in first], np.int64)  # (2, B)
+        ns = np.array([[s[i].n_keys for s in spans] for i in first], np.int64)
+        cos = np.array([[r[i].cos[0] for r in rots] for i in range(len(windows))])  # (L, B, ·)
+        sin = np.array([[r[i].sin[0] for r in rots] for i in range(len(windows))])
         t = packed.table
         fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors, packed.plan,
-                             packed.norms, packed.biases, np.float32(c.norm_eps),
-                             np.stack([r.cos[0] for r in rots]), np.stack([r.sin[0] for r in rots]),
-                             *caches[0].arrays(0), np.stack([at for _, at in layouts], axis=1),
-                             np.array([s.slot for s in spans], np.int64),
-                             np.array([s.n_keys for s in spans], np.int64), self.ints,
-                             self.team or numba.get_num_threads())  # fmt: skip
+                             packed.norms, packed.biases, np.float32(c.norm_eps), packed.form,
+                             cos, sin, packed.spec, *caches[0].arrays(0),
+                             np.stack([at for _, at in layouts], axis=1), kind, slots, ns,
+                             self.ints, self.team or numba.get_num_threads())  # fmt: skip
         return True
 
     @property
@@ -180,23 +234,25 @@ class CompiledOps(NumpyOps):
         return got
 
     def attention_batch(
-        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list
-    ) -> np.ndarray:
+        self, c: Config, qkv: np.ndarray, caches: list, layer: int, rots: list, spans: list,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
         """Every sequence's attention in one call (layers.attend_batch) when their caches
         share one layout (their stores' shapes and formats); else one call each."""
         layouts = [self.kv_layout(cache) for cache in caches]
         if len({shapes for shapes, _ in layouts}) != 1 or qkv.shape[0] == 1:
-            return super().attention_batch(c, qkv, caches, layer, rots, spans)
+            return super().attention_batch(c, qkv, caches, layer, rots, spans, qk)
         kv_at = np.stack([at[layer] for _, at in layouts])
         out = np.empty((qkv.shape[0], c.q_dim), np.float32)
         layers.attend_batch(np.ascontiguousarray(qkv), np.stack([r.cos[0] for r in rots]),
-                            np.stack([r.sin[0] for r in rots]), *caches[0].arrays(layer),
-                            kv_at, np.array([s.slot for s in spans], np.int64),
+                            np.stack([r.sin[0] for r in rots]), layer_spec(c, qk),
+                            *caches[0].arrays(layer), kv_at,
+                            np.array([s.slot for s in spans], np.int64),
                             np.array([s.n_keys for s in spans], np.int64), out)  # fmt: skip
         return out
 
     def prompt_attention(
-        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, qk: QKNorms
     ) -> np.ndarray:
         """T tokens at positions pos..pos+T-1 (slots of their own: no ring wraps) in two
         calls: every token's key and value appended (layers.append_tokens), then each token
@@ -206,54 +262,75 @@ class CompiledOps(NumpyOps):
         t, p0 = qkv.shape[0], cache.pos
         qkv = np.ascontiguousarray(qkv)
         keys, values = cache.arrays(layer)
-        layers.append_tokens(qkv, rot.cos, rot.sin, keys, values, p0)
+        spec = layer_spec(c, qk)
+        layers.append_tokens(qkv, rot.cos, rot.sin, spec, keys, values, p0)
         at = self.kv_layout(cache)[1][layer]
         out = np.empty((t, c.q_dim), np.float32)
         kv_at, none = np.repeat(at[None], t, 0), np.full(t, -1, np.int64)  # slot -1: no append
-        layers.attend_batch(qkv, rot.cos, rot.sin, keys, values, kv_at, none,
+        layers.attend_batch(qkv, rot.cos, rot.sin, spec, keys, values, kv_at, none,
                             np.arange(p0 + 1, p0 + t + 1), out)  # fmt: skip
         return out
 
-    def rotary(self, positions: np.ndarray, inv_freq: np.ndarray) -> Rotary:
-        return Rotary(positions, inv_freq, matrix=False)
+    def rotary(self, positions: np.ndarray, inv_freq: np.ndarray, head_dim: int,
+               scale: float = 1.0) -> Rotary:  # fmt: skip
+        return Rotary(positions, inv_freq, head_dim, scale, matrix=False)
 
     # Several tokens (a batch's decode step, a prompt): each row's prologue as decode runs
     # it, then one product of all the rows (batch_product), the residual added in place.
 
-    def norm_linear(self, x: np.ndarray, norm: np.ndarray, eps: float, w: Matrix) -> np.ndarray:
+    def norm_linear(self, x: np.ndarray, norm: np.ndarray | None, eps: float,
+                    w: Matrix) -> np.ndarray:  # fmt: skip
+        mode = ops.PLAIN if norm is None else ops.NORM
         if x.shape[0] != 1:
-            return batch_product(w, prepared(x, norm, eps, ops.NORM), None, self.dot)
+            h = np.ascontiguousarray(x) if norm is None else prepared(x, norm, eps, ops.NORM)
+            return batch_product(w, h, None, self.dot)
         out = np.empty((1, w.shape[0]), np.float32)
-        product(w, x[0], out[0], ops.NORM, norm, eps, False, self.dot)
+        product(w, x[0], out[0], mode, ops.NO_NORM if norm is None else norm, eps, False,
+                self.dot)  # fmt: skip
         return out
 
-    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray) -> np.ndarray:
+    def _residual(self, x: np.ndarray, w: Matrix, h: np.ndarray, mode: int,
+                  post: Residual) -> np.ndarray:  # fmt: skip
+        """x + scale * post_norm(prologue(h) @ W.T), in place: the product added as it
+        goes where the family has no norm or scale there, else into its own buffer and
+        then added row by row (ops.residual: the one-call steps' residual phase)."""
+        plain = post.norm is None and post.scale == 1.0
         if x.shape[0] != 1:
-            return batch_product(w, np.ascontiguousarray(inp), x, self.dot)
-        product(
-            w, inp[0], x[0], ops.PLAIN, ops.NO_NORM, ops.ZERO, True, self.dot
-        )  # in place: x is ours
+            if mode != ops.PLAIN:
+                h = prepared(h, ops.NO_NORM, 0.0, mode)
+            if plain:
+                return batch_product(w, np.ascontiguousarray(h), x, self.dot)
+            y = batch_product(w, np.ascontiguousarray(h), None, self.dot)
+        else:
+            y = x if plain else np.empty((1, w.shape[0]), np.float32)
+            product(w, h[0], y[0], mode, ops.NO_NORM, ops.ZERO, plain, self.dot)
+            if plain:
+                return x
+        norm = NO_VECTOR if post.norm is None else post.norm
+        for v in range(x.shape[0]):
+            ops.residual(x[v], y[v], norm, np.float32(post.eps), np.float32(post.scale))
         return x
 
-    def swiglu_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray) -> np.ndarray:
-        if x.shape[0] != 1:
-            h = prepared(gate_up, ops.NO_NORM, 0.0, ops.SWIGLU)
-            return batch_product(w, h, x, self.dot)
-        product(w, gate_up[0], x[0], ops.SWIGLU, ops.NO_NORM, ops.ZERO, True, self.dot)
-        return x
+    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, post: Residual) -> np.ndarray:
+        return self._residual(x, w, inp, ops.PLAIN, post)  # in place: x is ours
+
+    def gated_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, act: str,
+                         post: Residual) -> np.ndarray:  # fmt: skip
+        return self._residual(x, w, gate_up, ops.GATED[act], post)
 
     def attention(
-        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
-    ) -> np.ndarray:
-        """One token: RoPE, append and attend in one kernel, the cache read in its format.
-        A prompt of T tokens: `prompt_attention`, where its positions fill slots of their
-        own; the NumPy reference where a window's ring wraps within it."""
+        self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
+        """One token: its q and k normed, RoPE, append and attend in one kernel, the cache
+        read in its format. A prompt of T tokens: `prompt_attention`, where its positions
+        fill slots of their own; the NumPy reference where a window's ring wraps within it."""
         if qkv.shape[0] != 1:
-            if cache.pos + qkv.shape[0] > cache.slots:
-                return super().attention(c, qkv, cache, layer, rot, span)
-            return self.prompt_attention(c, qkv, cache, layer, rot)
+            if cache.pos + qkv.shape[0] > cache.rings[layer]:
+                return super().attention(c, qkv, cache, layer, rot, span, qk)
+            return self.prompt_attention(c, qkv, cache, layer, rot, qk)
         keys, values = cache.arrays(layer)
         out = np.empty((1, c.q_dim), np.float32)
-        attention.attend(qkv[0], rot.cos[0], rot.sin[0], keys, values, span.slot, span.n_keys,
-                         out[0])  # fmt: skip
+        attention.attend(qkv[0], rot.cos[0], rot.sin[0], layer_spec(c, qk), keys, values,
+                         span.slot, span.n_keys, out[0])  # fmt: skip
         return out

@@ -13,8 +13,12 @@ import numpy as np
 from bench.meter import Meter
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
-from llama_np.model.ops import NumpyOps, Rotary
+from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary
 from quant import Matrix, Weight
+
+
+def nbytes(*vectors: np.ndarray | None) -> int:
+    return sum(v.nbytes for v in vectors if v is not None)
 
 
 class Seam:
@@ -23,15 +27,19 @@ class Seam:
         self.eps = np.float32(config.norm_eps)  # float32, like every activation
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
-        """The embedding rows of `tokens`: (T,) -> (T, dim)"""
+        """The embedding rows of `tokens`, times the family's scale: (T,) -> (T, dim)"""
         self.meter.read("embedding", len(tokens) * table.row_nbytes)
-        return table.rows(tokens)
+        x = table.rows(tokens)
+        if self.config.embed_scale != 1.0:
+            x *= np.float32(self.config.embed_scale)
+        return x
 
     def norm_linear(
-        self, x: np.ndarray, norm: np.ndarray, w: Matrix, category: str, bias=None
+        self, x: np.ndarray, norm: np.ndarray | None, w: Matrix, category: str, bias=None
     ) -> np.ndarray:
-        """rmsnorm(x) @ W.T (+ bias): (T, dim) -> (T, rows)"""
-        self.meter.read("norms", norm.nbytes)
+        """rmsnorm(x) @ W.T (+ bias), x @ W.T where the family has no norm: (T, dim) ->
+        (T, rows)"""
+        self.meter.read("norms", nbytes(norm))
         self.meter.read(category, w.nbytes)
         y = self.ops.norm_linear(x, norm, self.eps, w)
         if bias is not None:
@@ -40,70 +48,80 @@ class Seam:
         return y
 
     def attention(
-        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
+        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span, qk: QKNorms
     ) -> np.ndarray:
-        """RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) -> (T, q_dim)"""
+        """q and k normed, RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) ->
+        (T, q_dim)"""
+        self.meter.read("norms", nbytes(qk.q, qk.k))
         self.meter.read("kv_cache", span.read_nbytes)
         self.meter.write("kv_cache", span.write_nbytes)
-        return self.ops.attention(self.config, qkv, cache, layer, rot, span)
+        return self.ops.attention(self.config, qkv, cache, layer, rot, span, qk)
 
     def attention_batch(
         self, qkv: np.ndarray, caches: list[KVCache], layer: int, rots: list[Rotary],
-        spans: list[Span],
+        spans: list[Span], qk: QKNorms,
     ) -> np.ndarray:  # fmt: skip
         """One token of each of B sequences, each attending to its own cache:
         (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
+        self.meter.read("norms", nbytes(qk.q, qk.k))
         for span in spans:
             self.meter.read("kv_cache", span.read_nbytes)
             self.meter.write("kv_cache", span.write_nbytes)
-        return self.ops.attention_batch(self.config, qkv, caches, layer, rots, spans)
+        return self.ops.attention_batch(self.config, qkv, caches, layer, rots, spans, qk)
 
     def decode_blocks(
-        self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache, rot: Rotary,
-        span: Span,
+        self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,
+        rots: list[Rotary], spans: list[Span],
     ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, if the
         operations have it: then records `reads` (the blocks' weights, norms and biases by
         category, as the calls one by one record them) and each layer's KV span, and says
-        True; False (nothing done) when they do not."""
-        done = self.ops.decode_blocks(self.config, blocks, x, cache, rot, span)
+        True; False (nothing done) when they do not. rots, spans: per layer."""
+        done = self.ops.decode_blocks(self.config, blocks, x, cache, rots, spans)
         if done:
-            self._blocks_read(reads, len(blocks), [span])
+            self._blocks_read(reads, [spans])
         return done
 
     def decode_batch(
         self, blocks: list, reads: dict[str, int], x: np.ndarray, caches: list[KVCache],
-        rots: list[Rotary], spans: list[Span],
+        rots: list[list[Rotary]], spans: list[list[Span]],
     ) -> bool:  # fmt: skip
         """A batch's decode step through every decoder block in one call on x (B, dim), in
         place, if the operations have it: then records `reads` (the blocks' weights, norms
         and biases, read once for all B) and each sequence's KV span in each layer, as
-        the calls one by one record them, and says True; False (nothing done) when not."""
+        the calls one by one record them, and says True; False (nothing done) when not.
+        rots, spans: per sequence, per layer."""
         done = self.ops.decode_batch(self.config, blocks, x, caches, rots, spans)
         if done:
-            self._blocks_read(reads, len(blocks), spans)
+            self._blocks_read(reads, spans)
         return done
 
-    def _blocks_read(self, reads: dict[str, int], layers: int, spans: list[Span]) -> None:
-        """What the blocks run in one call read and wrote: `reads` once, and each span's
-        KV bytes in every layer."""
+    def _blocks_read(self, reads: dict[str, int], spans: list[list[Span]]) -> None:
+        """What the blocks run in one call read and wrote: `reads` once, and each
+        sequence's KV bytes in every layer (spans: per sequence, per layer)."""
         for category, n in reads.items():
             self.meter.read(category, n)
-        for span in spans:
-            self.meter.read("kv_cache", layers * span.read_nbytes)
-            self.meter.write("kv_cache", layers * span.write_nbytes)
+        for layers in spans:
+            for span in layers:
+                self.meter.read("kv_cache", span.read_nbytes)
+                self.meter.write("kv_cache", span.write_nbytes)
 
-    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
-        """x + inp @ W.T (the residual stream after a product)"""
-        self.meter.read(category, w.nbytes)
-        return self.ops.linear_add(x, w, inp)
-
-    def swiglu_linear_add(
-        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str
+    def linear_add(
+        self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str, post: Residual
     ) -> np.ndarray:
-        """x + swiglu(gate, up) @ W.T for gate_up = [gate | up]"""
+        """x + scale * post_norm(inp @ W.T) (the residual stream after a product)"""
+        self.meter.read("norms", nbytes(post.norm))
         self.meter.read(category, w.nbytes)
-        return self.ops.swiglu_linear_add(x, w, gate_up)
+        return self.ops.linear_add(x, w, inp, post)
+
+    def gated_linear_add(
+        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str, post: Residual
+    ) -> np.ndarray:
+        """x + scale * post_norm(act(gate) * up @ W.T) for gate_up = [gate | up] (act:
+        SiLU or GELU-tanh, as the family's MLP)"""
+        self.meter.read("norms", nbytes(post.norm))
+        self.meter.read(category, w.nbytes)
+        return self.ops.gated_linear_add(x, w, gate_up, self.config.mlp_act, post)
 
 
 class Profiled(Seam):
@@ -124,7 +142,7 @@ class Profiled(Seam):
         return out
 
     def norm_linear(
-        self, x: np.ndarray, norm: np.ndarray, w: Matrix, category: str, bias=None
+        self, x: np.ndarray, norm: np.ndarray | None, w: Matrix, category: str, bias=None
     ) -> np.ndarray:
         t0 = perf_counter()
         out = super().norm_linear(x, norm, w, category, bias)
@@ -132,23 +150,25 @@ class Profiled(Seam):
         return out
 
     def attention(
-        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span
+        self, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span, qk: QKNorms
     ) -> np.ndarray:
         t0 = perf_counter()
-        out = super().attention(qkv, cache, layer, rot, span)
+        out = super().attention(qkv, cache, layer, rot, span, qk)
         self.meter.lap("kv_cache", t0)
         return out
 
-    def linear_add(self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str) -> np.ndarray:
+    def linear_add(
+        self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str, post: Residual
+    ) -> np.ndarray:
         t0 = perf_counter()
-        out = super().linear_add(x, w, inp, category)
+        out = super().linear_add(x, w, inp, category, post)
         self.meter.lap(category, t0)
         return out
 
-    def swiglu_linear_add(
-        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str
+    def gated_linear_add(
+        self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, category: str, post: Residual
     ) -> np.ndarray:
         t0 = perf_counter()
-        out = super().swiglu_linear_add(x, w, gate_up, category)
+        out = super().gated_linear_add(x, w, gate_up, category, post)
         self.meter.lap(category, t0)
         return out

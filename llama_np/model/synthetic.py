@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_arch import Config, layer_matrices, layer_vectors, load_config
+from llama_arch import Config, load_config
 from llama_np.errors import UsageError
-from llama_np.model.build import Tensor, build_weights, layer_tensor_names
+from llama_np.model.build import Tensor, build_weights, layer_shapes, layer_tensor_names
 from llama_np.model.transformer import Transformer
 from quant.backends import Backend, numpy_backend
 
@@ -32,16 +32,16 @@ def random_model(
         raise UsageError(f"{c.name}: synthetic models have no experts")
     backend = backend or numpy_backend()
     cls, rng = backend.weight_class(fmt or "f32"), np.random.default_rng(seed)
-    matrices, vectors = layer_matrices(c), layer_vectors(c)
+    shapes = layer_shapes(c)
     tensors: dict[str, Tensor] = {}
     for i in range(c.n_layers):
         for role, name in layer_tensor_names(i, c).items():
-            if role in matrices:
-                tensors[name] = cls.random(matrices[role], rng)
+            if len(shapes[role]) == 2:
+                tensors[name] = cls.random(shapes[role], rng)
             elif role.startswith("b"):
-                tensors[name] = rng.standard_normal(vectors[role], np.float32) * np.float32(0.1)
+                tensors[name] = rng.standard_normal(shapes[role], np.float32) * np.float32(0.1)
             else:
-                tensors[name] = np.ones(vectors[role], np.float32)
+                tensors[name] = np.ones(shapes[role], np.float32)
     table = backend.weight_class(head or fmt or "f32")
     tensors["model.embed_tokens.weight"] = table.random((c.vocab_size, c.dim), rng)
     if not c.tie_embeddings:

@@ -17,7 +17,7 @@ import numpy as np
 from bench.meter import Meter
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache
-from llama_np.model.ops import NumpyOps, rope_inv_freq
+from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, rope_inv_freq, rope_scale
 from llama_np.model.seam import Profiled, Seam
 from quant import Matrix
 from quant.backends import Backend, Running, numpy_backend
@@ -39,15 +39,26 @@ def ops_for(backend: Backend) -> NumpyOps:
 @dataclass
 class Layer:
     """One decoder block. Matrices that read the same input are stacked by rows, so each
-    is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up."""
+    is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up. The vectors a family
+    does not have are None."""
 
-    attn_norm: np.ndarray  # (dim,)
     wqkv: Matrix  # (n_heads * head_dim + 2 * n_kv_heads * head_dim, dim)
     wo: Matrix  # (dim, n_heads * head_dim)
-    mlp_norm: np.ndarray  # (dim,)
     w_gate_up: Matrix  # (2 * hidden_dim, dim)
     w_down: Matrix  # (dim, hidden_dim)
+    attn_norm: np.ndarray | None = None  # (dim,): before attention (all but olmo2)
+    mlp_norm: np.ndarray | None = None  # (dim,): before the MLP
+    attn_post_norm: np.ndarray | None = None  # (dim,): on attention's output (gemma, olmo2)
+    mlp_post_norm: np.ndarray | None = None  # (dim,): on the MLP's output
+    q_norm: np.ndarray | None = None  # (head_dim,) or (q_dim,): q before RoPE
+    k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,): k before RoPE
     qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
+
+    def vectors(self) -> list[np.ndarray]:
+        """The norm weights it has."""
+        norms = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm,
+                 self.q_norm, self.k_norm)  # fmt: skip
+        return [v for v in norms if v is not None]
 
 
 @dataclass
@@ -68,9 +79,7 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        vectors = [self.norm] + [
-            v for l in self.layers for v in (l.attn_norm, l.mlp_norm, l.qkv_bias)
-        ]
+        vectors = [self.norm] + [v for l in self.layers for v in [*l.vectors(), l.qkv_bias]]
         return sum(v.nbytes for v in vectors if v is not None) + sum(
             w.nbytes for w in self.matrices()
         )
@@ -93,7 +102,6 @@ class Transformer:
         self.weights = weights
         self.backend = backend or numpy_backend()
         self.meter = meter or Meter()
-        self.inv_freq = rope_inv_freq(config)  # (head_dim / 2,)
         self.ops = ops_for(self.backend)
         self._seam = Seam(self.config, self.ops, self.meter)
         self._profiled = Profiled(self.config, self.ops, self.meter)
@@ -127,8 +135,8 @@ class Transformer:
     def new_cache(
         self, capacity: int | None = None, window: int | None = None, kv: str = "f32"
     ) -> KVCache:
-        """A cache for one sequence. `window` overrides the config's sliding window."""
-        window = window if window is not None else self.config.sliding_window
+        """A cache for one sequence. `window`: a sliding window on every layer (None: the
+        model's own)."""
         return KVCache(self.config, capacity or self.config.max_seq_len, window, kv, self.backend)
 
     @property
@@ -147,17 +155,45 @@ class Transformer:
     def _forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool) -> np.ndarray:
         w, seam = self.weights, self.seam
         t, p0 = len(tokens), cache.pos
-        span = cache.span(t)  # where the new positions go, what they attend to
+        spans = cache.spans(t)  # per layer: where the new positions go, what they attend to
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
         x = seam.embed(w.embed, tokens)  # (T, dim)
-        rot = self.ops.rotary(np.arange(p0, p0 + t), self.inv_freq)  # shared by every layer
+        rots = self.rotaries(np.arange(p0, p0 + t), cache)  # per layer
         # a decode step runs every block in one call (x in place) where the backend can
-        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rot, span)):
-            x = self._blocks(x, lambda qkv, i: seam.attention(qkv, cache, i, rot, span))
+        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans)):
+            x = self._blocks(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
+                                                                  qk))  # fmt: skip
         cache.advance(t)
-        logits = seam.norm_linear(x if all_logits else x[-1:], w.norm, w.lm_head, HEAD)
+        logits = self._head(x if all_logits else x[-1:])
         self.meter.end()
         return logits if all_logits else logits[-1]  # (T or 1, vocab)
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        """The final norm, the LM head and the family's ending: (T, dim) -> (T, vocab)"""
+        logits = self.seam.norm_linear(x, self.weights.norm, self.weights.lm_head, HEAD)
+        return self.ops.head_epilogue(logits, self.config)
+
+    def rotaries(self, positions: np.ndarray, cache: KVCache) -> list[Rotary]:
+        """RoPE at `positions` for every layer (one Rotary per kind of layer: global,
+        gemma3's local, NoPE; longrope's long factors when the cache's context passes the
+        original one, as llama.cpp decides)."""
+        c = self.config
+        r = c.rope_scaling
+        long = r is not None and r.kind == "longrope" and (
+            cache.capacity > r.original_max_position_embeddings)  # fmt: skip
+        kinds: dict[str, Rotary] = {}
+        out = []
+        for i in range(c.n_layers):
+            kind = c.layer_rope(i)
+            if kind not in kinds:
+                freq = self._inv_freq(kind, long)
+                kinds[kind] = self.ops.rotary(positions, freq, c.head_dim, rope_scale(c, kind))
+            out.append(kinds[kind])
+        return out
+
+    @functools.cache  # noqa: B019 (the model lives as long as its inverse frequencies)
+    def _inv_freq(self, kind: str, long: bool) -> np.ndarray:
+        return rope_inv_freq(self.config, kind, long)
 
     @functools.cached_property
     def block_reads(self) -> dict[str, int]:
@@ -165,22 +201,24 @@ class Transformer:
         what `_blocks`' seam calls record one by one in a decode step."""
         reads: Counter[str] = Counter()
         for l in self.weights.layers:
-            reads["norms"] += l.attn_norm.nbytes + l.mlp_norm.nbytes
+            reads["norms"] += sum(v.nbytes for v in l.vectors())
             reads[ATTN] += l.wqkv.nbytes + l.wo.nbytes
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
             reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
         return dict(reads)
 
-    def _blocks(self, x: np.ndarray, attend: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
-        """The decoder blocks on x (T, dim); `attend(qkv, layer)` -> (T, q_dim)."""
-        seam = self.seam
+    def _blocks(self, x: np.ndarray, attend: Callable) -> np.ndarray:
+        """The decoder blocks on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim)."""
+        seam, eps, scale = self.seam, self.config.norm_eps, self.config.residual_scale
         for i, layer in enumerate(self.weights.layers):
             # (T, q_dim + 2 kv_dim)
             qkv = seam.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)
-            att = attend(qkv, i)  # (T, q_dim)
-            x = seam.linear_add(x, layer.wo, att, ATTN)
+            att = attend(qkv, i, QKNorms(layer.q_norm, layer.k_norm, eps))  # (T, q_dim)
+            post = Residual(layer.attn_post_norm, eps, scale)
+            x = seam.linear_add(x, layer.wo, att, ATTN, post)
             gate_up = seam.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
-            x = seam.swiglu_linear_add(x, layer.w_down, gate_up, MLP)
+            post = Residual(layer.mlp_post_norm, eps, scale)
+            x = seam.gated_linear_add(x, layer.w_down, gate_up, MLP, post)
         return x
 
     def step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
@@ -195,19 +233,20 @@ class Transformer:
 
     def _step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
         w, seam = self.weights, self.seam
-        spans = [c.span(1) for c in caches]
+        spans = [c.spans(1) for c in caches]  # per sequence, per layer
         self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
         x = seam.embed(w.embed, tokens)  # (B, dim)
-        rots = [self.ops.rotary(np.array([c.pos]), self.inv_freq) for c in caches]
+        rots = [self.rotaries(np.array([c.pos]), c) for c in caches]  # per sequence, per layer
         # a few sequences' step runs every block in one call (x in place) where the backend
         # can; a batch of one, the one-sequence step's call (forward's decode_blocks)
         one = len(caches) == 1 and seam.decode_blocks(
             w.layers, self.block_reads, x, caches[0], rots[0], spans[0]
         )
         if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
-            x = self._blocks(x, lambda qkv, i: seam.attention_batch(qkv, caches, i, rots, spans))
+            x = self._blocks(x, lambda qkv, i, qk: seam.attention_batch(
+                qkv, caches, i, [r[i] for r in rots], [s[i] for s in spans], qk))  # fmt: skip
         for c in caches:
             c.advance(1)
-        logits = seam.norm_linear(x, w.norm, w.lm_head, HEAD)  # (B, vocab)
+        logits = self._head(x)  # (B, vocab)
         self.meter.end()
         return logits

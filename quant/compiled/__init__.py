@@ -43,17 +43,22 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     ops.rmsnorm(x, x, np.float32(1e-5), out)
     ops.prepare(x, x, np.float32(1e-5), ops.NORM)
     ops.prepare_rows(x[None], x, np.float32(1e-5), ops.NORM, out[None])
-    ops.prepare_rows(x[None], x, np.float32(1e-5), ops.SWIGLU, out[None, :32])
+    for gate in (ops.SWIGLU, ops.GEGLU):
+        ops.prepare_rows(x[None], x, np.float32(1e-5), gate, out[None, :32])
+        ops.prepare(x, x, np.float32(1e-5), gate)
     ops.prepare_rows_shared(x[None], x, np.float32(1e-5), ops.NORM, out[None])
     ops.swiglu(x, out[:32])
+    ops.residual(out.copy(), out.copy(), x, np.float32(1e-5), np.float32(1))
     cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
+    none = np.zeros(0, np.float32)
+    spec = attention.spec_of(none, none, 1e-5, 0.125, 0.0)
     for kv in kv_formats:
         keys, values = KV_FORMATS[kv](1, 16, 32, tiled=True), KV_FORMATS[kv](1, 16, 32)
         qkv = rng.standard_normal(3 * 32).astype(np.float32)
         stores = tuple(keys.arrays()), tuple(values.arrays())
-        attention.attend(qkv, cos, sin, *stores, 0, 1, out[:32])
+        attention.attend(qkv, cos, sin, spec, *stores, 0, 1, out[:32])
         kv_at = np.array([[layers.address(a) for a in stores[0] + stores[1]]] * 2, np.int64)
         two, pair = np.ones(2, np.int64), np.empty((2, 32), np.float32)
         layers.attend_batch(np.stack([qkv, qkv]), np.stack([cos, cos]), np.stack([sin, sin]),
-                            *stores, kv_at, two - 1, two, pair)  # fmt: skip
+                            spec, *stores, kv_at, two - 1, two, pair)  # fmt: skip
         layers.warm_up(*stores)

@@ -322,29 +322,65 @@ def split(tiles):
     return -(-tiles // run), run
 
 
+# What a layer's attention does beyond llama's, as the kernels take it: `spec` = (q_norm,
+# k_norm, eps, scale, cap): the RMSNorm weights of q and of k before RoPE (empty: none;
+# head_dim of them: each head normed alone, qwen3 and gemma3; q_dim / kv_dim: each whole
+# projection, olmo2), their eps, the scores' scale (1 / sqrt(head_dim) for llama) and
+# the scores' soft-cap (gemma2: cap * tanh(s / cap); 0: none).
+
+
+def spec_of(q_norm, k_norm, eps, scale, cap):
+    """A spec from its parts (float32 arrays, numbers)."""
+    return (q_norm, k_norm, np.float32(eps), np.float32(scale), np.float32(cap))
+
+
 @kernel(inline=True)
-def append(qkv, cos, sin, keys, values, slot, h, n_heads):
-    """KV head h of the token (in qkv, after the n_heads queries): its key rotated, both
-    stored at `slot` in the stores' format."""
-    n_kv, hd = values[0].shape[0], cos.shape[0] * 2
+def norm_head(v, whole, w, eps, h):
+    """RMSNorm of head h's vector v (head_dim,) in place: over v itself when w holds a
+    head's weights, else over the whole projection `whole` (w: its weights)."""
+    hd = v.shape[0]
+    s = np.float32(0)
+    if w.shape[0] == hd:
+        for i in range(hd):
+            s += v[i] * v[i]
+        inv = np.float32(1) / np.sqrt(s / np.float32(hd) + eps)
+        for j in range(hd):
+            v[j] = v[j] * inv * w[j]
+    else:
+        for i in range(whole.shape[0]):
+            s += whole[i] * whole[i]
+        inv = np.float32(1) / np.sqrt(s / np.float32(whole.shape[0]) + eps)
+        for j in range(hd):
+            v[j] = v[j] * inv * w[h * hd + j]
+
+
+@kernel(inline=True)
+def append(qkv, cos, sin, spec, keys, values, slot, h, n_heads):
+    """KV head h of the token (in qkv, after the n_heads queries): its key normed (spec)
+    and rotated, both stored at `slot` in the stores' format."""
+    n_kv, hd = values[0].shape[0], values[0].shape[2]
     k = qkv[(n_heads + h) * hd : (n_heads + h + 1) * hd].copy()
+    if spec[1].shape[0]:
+        norm_head(k, qkv[n_heads * hd : (n_heads + n_kv) * hd], spec[1], spec[2], h)
     rope(k, cos, sin)
     put_key(keys, h, slot, k)
     put_value(values, h, slot, qkv[(n_heads + n_kv + h) * hd : (n_heads + n_kv + h + 1) * hd])
 
 
 @kernel(inline=True)
-def queries(qkv, cos, sin, h, rep, hd):
-    """The rep query heads that share KV head h, rotated and scaled by 1/sqrt(hd), then
+def queries(qkv, cos, sin, spec, h, rep, hd):
+    """The rep query heads that share KV head h, normed (spec), rotated and scaled, then
     zeros up to a whole number of GROUPs ((groups * GROUP * hd,) float32)."""
     padded = -(-rep // GROUP) * GROUP
     q = np.zeros(padded * hd, np.float32)
     q[: rep * hd] = qkv[h * rep * hd : (h + 1) * rep * hd]
-    scale = np.float32(1) / np.sqrt(np.float32(hd))
     for r in range(rep):
+        if spec[0].shape[0]:  # the whole q: qkv's first q_dim (a head's weights: unread)
+            whole = qkv[: spec[0].shape[0]]
+            norm_head(q[r * hd : (r + 1) * hd], whole, spec[0], spec[2], h * rep + r)
         rope(q[r * hd : (r + 1) * hd], cos, sin)
         for j in range(hd):
-            q[r * hd + j] *= scale
+            q[r * hd + j] *= spec[3]
     return q
 
 
@@ -387,7 +423,7 @@ def group_scores(keys, h, t0, t1, q, scores):
 
 
 @kernel
-def attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, part):
+def attend_task(qkv, cos, sin, spec, keys, values, slot, n, task, run, top, total, part):
     """One piece of a decode step's attention: KV head h = task // pieces and its run of
     tiles number task % pieces, for the queries that share h. The piece whose tiles hold
     `slot` (or the last, for a slot past them) first appends the new key and value. Its
@@ -400,13 +436,17 @@ def attend_task(qkv, cos, sin, keys, values, slot, n, task, run, top, total, par
     t0, t1 = piece * run, min(tiles, (piece + 1) * run)
     k0, k1 = t0 * TILE, min(n, t1 * TILE)
     if t0 <= slot // TILE < t1 or (piece == pieces - 1 and slot // TILE >= t1):
-        append(qkv, cos, sin, keys, values, slot, h, n_heads)
-    q = queries(qkv, cos, sin, h, rep, hd)
+        append(qkv, cos, sin, spec, keys, values, slot, h, n_heads)
+    q = queries(qkv, cos, sin, spec, h, rep, hd)
     scores = np.empty((q.shape[0] // hd, (t1 - t0) * TILE), np.float32)
     group_scores(keys, h, t0, t1, q.reshape((-1, hd)), scores)
+    cap = spec[4]
     for r in range(rep):
         hq = h * rep + r
         sc = scores[r, : k1 - k0]
+        if cap != np.float32(0):  # gemma2: cap * tanh(s / cap), before the softmax
+            for i in range(k1 - k0):
+                sc[i] = cap * np.tanh(sc[i] / cap)
         m = maximum(sc)
         s = np.float32(0)
         for i in range(k1 - k0):
@@ -453,14 +493,16 @@ def pieces_of(qkv, hd, n_kv, n):
 
 
 @kernel(parallel=True)
-def attend(qkv, cos, sin, keys, values, slot, n, out):
+def attend(qkv, cos, sin, spec, keys, values, slot, n, out):
     """One decode step of one layer.
     qkv (n_heads * hd + 2 * n_kv * hd,) the token's projections, q then k then v;
-    cos, sin (hd / 2,) the token's RoPE angle; keys (tiled), values: the layer's stores.
-    The new key and value go to `slot`, then the token attends to slots 0..n-1 (a ring's
-    slots in any order: attention does not care). out (n_heads * hd,) float32."""
-    n_kv, hd = values[0].shape[0], cos.shape[0] * 2
+    cos, sin (rotary / 2,) the token's RoPE angle (partial rotary: fewer than hd / 2);
+    spec: what the layer does beyond llama's (spec_of); keys (tiled), values: the
+    layer's stores. The new key and value go to `slot`, then the token attends to slots
+    0..n-1 (a ring's slots in any order: attention does not care). out (n_heads * hd,)."""
+    n_kv, hd = values[0].shape[0], values[0].shape[2]
     top, total, part, run = pieces_of(qkv, hd, n_kv, n)
     for task in prange(n_kv * part.shape[1]):  # prange counts in uint64: as the team's int64
-        attend_task(qkv, cos, sin, keys, values, slot, n, np.int64(task), run, top, total, part)
+        attend_task(qkv, cos, sin, spec, keys, values, slot, n, np.int64(task), run, top, total,
+                    part)  # fmt: skip
     combine(top, total, part, out)

@@ -39,13 +39,14 @@ from .layers import (
     batch_task,
     batch_tasks,
     chunks,
+    layer_spec,
     operand,
     out_rows,
     pieces_of_sequence,
     voidptr,
 )
 from .matvec import CHUNK
-from .ops import NORM, PLAIN, SWIGLU, prepare_rows
+from .ops import NORM, PLAIN, prepare_rows, residual
 from .team import LINE, finish, grain_of, take
 
 
@@ -170,15 +171,15 @@ def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, ou
 
 
 @kernel
-def attend(sync, k, qkv, cos, sin, keys, values, kv_at, slots, ns, tasks, att):
+def attend(sync, k, qkv, cos, sin, spec, keys, values, kv_at, slots, ns, tasks, att):
     """Phase k: every sequence's attention tasks (layers.batch_task), one at a time; then
     each thread combines every sequence's pieces into its own att (B, q_dim)."""
     first, at, _, top, total, part = tasks
-    n, n_kv, hd = first[-1], values[0].shape[0], cos.shape[1] * 2
+    n, n_kv, hd = first[-1], values[0].shape[0], values[0].shape[2]
     finished = 0
     t = take(sync, k, 1, n)
     while t < n:
-        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, t, tasks)
+        batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, t, tasks)
         finished += 1
         t = take(sync, k, 1, n)
     finish(sync, k, finished, n)
@@ -187,42 +188,69 @@ def attend(sync, k, qkv, cos, sin, keys, values, kv_at, slots, ns, tasks, att):
 
 
 @kernel
-def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys,
-           values, kv_at, slots, ns, ints, qkv, gate_up, tasks):  # fmt: skip
-    """One thread's walk through every phase of every layer (decode_few)."""
-    nb, hd = x.shape[0], cos.shape[1] * 2
+def residual_phase(sync, k, x, y, norm, eps, scale):
+    """Phase k, one item: every row of x += scale * rmsnorm(y's row) * norm (ops.residual,
+    row by row as the calls one by one run it)."""
+    if take(sync, k, 1, 1) < 1:
+        for v in range(x.shape[0]):
+            residual(x[v], y[v], norm, eps, scale)
+        finish(sync, k, 1, 1)
+    else:
+        finish(sync, k, 0, 1)
+
+
+@kernel
+def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
+           spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
+           tasks1):  # fmt: skip
+    """One thread's walk through every phase of every layer (decode_few); tasks0, tasks1:
+    the attention's tasks laid out for the spans slots[0], ns[0] and slots[1], ns[1]."""
+    nb, hd = x.shape[0], values[0].shape[2]
     q_dim = qkv.shape[1] - 2 * values[0].shape[0] * hd
     buf = scratch(nb, max(x.shape[1], gate_up.shape[1] // 2, q_dim),
                   max(qkv.shape[1], gate_up.shape[1]))  # fmt: skip
     att = lay(buf[7], nb, q_dim, np.float32)
     none = biases[0, :0]  # no bias: an array of the caller's (see layers.member)
+    pre, gate, post, scale = form
+    fused = not post and scale == np.float32(1)  # the residual add inside the products
+    post_n = x.shape[1] if post else 0  # the post-norms' length (0: none)
     for i in range(plan.shape[0]):
-        p, k = plan[i], PHASES * i
-        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM,
+        p, k, j = plan[i], PHASES * i, kind[i]
+        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
                 False, qkv, biases[i], vs, buf, ints)  # fmt: skip
-        attend(sync, k + 1, qkv, cos, sin, keys, values, kv_at[i], slots, ns, tasks, att)
+        attend(sync, k + 1, qkv, cos[i], sin[i], layer_spec(spec, i), keys, values, kv_at[i],
+               slots[j], ns[j], tasks0 if j == 0 else tasks1, att)  # fmt: skip
         product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
-                PLAIN, True, x, none, vs, buf, ints)  # fmt: skip
-        product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
+                PLAIN, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
+        if not fused:
+            residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
+        product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
                 False, gate_up, none, vs, buf, ints)  # fmt: skip
-        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
-                eps, SWIGLU, True, x, none, vs, buf, ints)  # fmt: skip
+        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
+                eps, gate, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
+        if not fused:
+            residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
 
 
 @kernel(parallel=True)
-def decode_few(x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys, values, kv_at,
-               slots, ns, ints, threads):  # fmt: skip
+def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
+               values, kv_at, kind, slots, ns, ints, threads):  # fmt: skip
     """The decoder blocks of one decode step of B sequences on their residual streams x
     (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). cos, sin
-    (B, hd / 2): each token's RoPE angle; kv_at (L, B, arrays of both): each layer's KV
-    stores of each sequence at their addresses (every sequence's stores have sequence
-    0's shapes and format: keys, values, layer 0's); slots, ns (B,): where each appends
-    and how many keys it attends. The rest as layers.decode_blocks takes it."""
-    nb, n_kv, hd = x.shape[0], values[0].shape[0], cos.shape[1] * 2
+    (L, B, rotary / 2): each layer's RoPE angle of each token; kv_at (L, B, arrays of
+    both): each layer's KV stores of each sequence at their addresses (every sequence's
+    stores have sequence 0's shapes and format: keys, values, layer 0's); kind (L,): which
+    of the (at most two) spans a layer's attention takes, slots, ns (2, B): where each
+    sequence appends and how many keys it attends in that span (a window's layers, the
+    others). The rest as layers.decode_blocks takes it."""
+    nb, n_kv, hd = x.shape[0], values[0].shape[0], values[0].shape[2]
     qkv = np.empty((nb, out_rows(rows, plan[0, 0, 0], plan[0, 0, 1])), np.float32)
     gate_up = np.empty((nb, out_rows(rows, plan[0, 2, 0], plan[0, 2, 1])), np.float32)
-    tasks = batch_tasks(ns, n_kv, (qkv.shape[1] - 2 * n_kv * hd) // hd, hd)
+    y = np.empty_like(x)
+    n_heads = (qkv.shape[1] - 2 * n_kv * hd) // hd
+    tasks0, tasks1 = batch_tasks(ns[0], n_kv, n_heads, hd), batch_tasks(ns[1], n_kv, n_heads, hd)
     sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
     for _ in prange(threads):
-        member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, cos, sin, keys,
-               values, kv_at, slots, ns, ints, qkv, gate_up, tasks)  # fmt: skip
+        member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
+               spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
+               tasks1)  # fmt: skip

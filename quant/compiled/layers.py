@@ -31,7 +31,7 @@ from . import attention, ggml, intdot, matvec
 from .jit import kernel
 from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
 from .matvec import CHUNK
-from .ops import NORM, PLAIN, SWIGLU, rmsnorm, swiglu
+from .ops import GEGLU, NORM, PLAIN, SWIGLU, gated, residual, rmsnorm
 from .team import LINE, finish, grain_of, take
 
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
@@ -122,8 +122,8 @@ def head(x, norm, eps, mode, h):
     if mode == NORM:
         rmsnorm(x, norm, eps, h[: x.shape[0]])
         return h[: x.shape[0]]
-    if mode == SWIGLU:
-        swiglu(x, h[: x.shape[0] // 2])
+    if mode == SWIGLU or mode == GEGLU:
+        gated(x, mode, h[: x.shape[0] // 2])
         return h[: x.shape[0] // 2]
     return x
 
@@ -246,13 +246,14 @@ def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, ou
 
 
 @kernel
-def attend(sync, k, qkv, cos, sin, keys, values, slot, n, run, top, total, part):
+def attend(sync, k, qkv, cos, sin, spec, keys, values, slot, n, run, top, total, part):
     """Phase k: the attention tasks (attention.attend_task), one at a time."""
     tasks = values[0].shape[0] * part.shape[1]
     finished = 0
     t = take(sync, k, 1, tasks)
     while t < tasks:
-        attention.attend_task(qkv, cos, sin, keys, values, slot, n, t, run, top, total, part)
+        attention.attend_task(qkv, cos, sin, spec, keys, values, slot, n, t, run, top, total,
+                              part)  # fmt: skip
         finished += 1
         t = take(sync, k, 1, tasks)
     finish(sync, k, finished, tasks)
@@ -317,102 +318,160 @@ def pieces_of_sequence(first, at, b, n_kv, hd, top, total, part):
 
 
 @kernel(inline=True)
-def batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, t, tasks):
+def batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, t, tasks):
     """Task t of a batch's attention (tasks: what batch_tasks returned): attention.
     attend_task for the sequence whose tasks hold t, in its own KV stores (kv_at (B,
     arrays of both): each sequence's at their addresses)."""
     first, at, runs, top, total, part = tasks
-    nk, n_kv, hd = len(keys), values[0].shape[0], cos.shape[1] * 2
+    nk, n_kv, hd = len(keys), values[0].shape[0], values[0].shape[2]
     b = np.searchsorted(first, t, side="right") - 1
     kk = at_addresses(keys, kv_at[b, :nk])
     vv = at_addresses(values, kv_at[b, nk:])
     top_b, total_b, part_b = pieces_of_sequence(first, at, b, n_kv, hd, top, total, part)
-    attention.attend_task(qkv[b], cos[b], sin[b], kk, vv, slots[b], ns[b], t - first[b], runs[b],
-                          top_b, total_b, part_b)  # fmt: skip
+    attention.attend_task(qkv[b], cos[b], sin[b], spec, kk, vv, slots[b], ns[b], t - first[b],
+                          runs[b], top_b, total_b, part_b)  # fmt: skip
 
 
 @kernel(parallel=True)
-def attend_batch(qkv, cos, sin, keys, values, kv_at, slots, ns, out):
+def attend_batch(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, out):
     """One decode step of one layer for B sequences in one call: every sequence's
     attention tasks (batch_task) in one parallel loop, then each sequence's pieces
-    combined. qkv (B, ...) the tokens' projections; cos, sin (B, hd / 2); keys, values:
-    sequence 0's stores of this layer (their shapes and format, which every sequence's
-    share); kv_at (B, arrays of both): each sequence's stores at their addresses; slots,
-    ns (B,): where each appends (-1: nothing) and how many keys it attends; out (B,
-    n_heads * hd). Each sequence gets the bits attention.attend gives it alone (the same
-    tasks, combined in order)."""
-    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
+    combined. qkv (B, ...) the tokens' projections; cos, sin (B, rotary / 2); spec: the
+    layer's (attention.spec_of); keys, values: sequence 0's stores of this layer (their
+    shapes and format, which every sequence's share); kv_at (B, arrays of both): each
+    sequence's stores at their addresses; slots, ns (B,): where each appends (-1:
+    nothing) and how many keys it attends; out (B, n_heads * hd). Each sequence gets the
+    bits attention.attend gives it alone (the same tasks, combined in order)."""
+    n_kv, hd = values[0].shape[0], values[0].shape[2]
     tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
     first, at, _, top, total, part = tasks
     n = first[-1]
     for i in prange(n):  # from both ends in turn: each thread's share of a ramp of depths
         task = np.int64(i) // 2 if i % 2 == 0 else n - 1 - np.int64(i) // 2
-        batch_task(qkv, cos, sin, keys, values, kv_at, slots, ns, task, tasks)
+        batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, task, tasks)
     for b in prange(qkv.shape[0]):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 
 
 @kernel(parallel=True)
-def append_tokens(qkv, cos, sin, keys, values, slot0):
-    """A prompt's T tokens of one layer into its KV stores: token t's keys, rotated (cos,
-    sin (T, hd / 2)), and values stored at slot slot0 + t (attention.append), every (token,
-    KV head) a task. Then attend_batch, its tokens as sequences that share these stores and
-    append nothing (slot -1), runs the prompt's attention."""
-    n_kv, hd = values[0].shape[0], cos.shape[1] * 2
+def append_tokens(qkv, cos, sin, spec, keys, values, slot0):
+    """A prompt's T tokens of one layer into its KV stores: token t's keys, normed and
+    rotated (cos, sin (T, rotary / 2), spec), and values stored at slot slot0 + t
+    (attention.append), every (token, KV head) a task. Then attend_batch, its tokens as
+    sequences that share these stores and append nothing (slot -1), runs the prompt's
+    attention."""
+    n_kv, hd = values[0].shape[0], values[0].shape[2]
     n_heads = qkv.shape[1] // hd - 2 * n_kv
     for i in prange(qkv.shape[0] * n_kv):
         t, h = np.int64(i) // n_kv, np.int64(i) % n_kv
-        attention.append(qkv[t], cos[t], sin[t], keys, values, slot0 + t, h, n_heads)
+        attention.append(qkv[t], cos[t], sin[t], spec, keys, values, slot0 + t, h, n_heads)
 
 
-PHASES = 5  # per layer: qkv, attention, o, gate_up, down
+# A decode step's phases per layer: qkv, attention, o, o's residual add, gate_up, down,
+# down's residual add. The residual adds run as phases of their own (one thread; the
+# others wait) only where the family norms or scales a sub-block's output (gemma, olmo2,
+# granite): the add needs the whole product. Elsewhere a product adds into x as it goes.
+PHASES = 7
 
 
 @kernel
-def member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
-           kv_at, slot, n_keys, ints, qkv, gate_up, top, total, part, run):  # fmt: skip
+def residual_phase(sync, k, x, y, norm, eps, scale):
+    """Phase k, one item: x += scale * rmsnorm(y) * norm (ops.residual)."""
+    if take(sync, k, 1, 1) < 1:
+        residual(x, y, norm, eps, scale)
+        finish(sync, k, 1, 1)
+    else:
+        finish(sync, k, 0, 1)
+
+
+@kernel(inline=True)
+def pieces_in(flat, n_heads, n, hd):
+    """top, total (n_heads, pieces), part (n_heads, pieces, hd) and the run of tiles per
+    piece of an attention over n keys (attention.attend_task), laid in the flat scratch
+    `flat` (sized by pieces_scratch for the most keys of any layer)."""
+    pieces, run = attention.split(-(-n // attention.TILE))
+    ftop, ftotal, fpart = flat
+    part = rows_at(fpart, 0, n_heads * pieces, hd).reshape((n_heads, pieces, hd))
+    return rows_at(ftop, 0, n_heads, pieces), rows_at(ftotal, 0, n_heads, pieces), part, run
+
+
+@kernel(inline=True)
+def pieces_scratch(n_heads, n, hd):
+    """Flat scratch for pieces_in of any attention over at most n keys."""
+    pieces, _ = attention.split(-(-n // attention.TILE))
+    f32 = np.float32
+    return (np.empty(n_heads * pieces, f32), np.empty(n_heads * pieces, f32),
+            np.empty(n_heads * pieces * hd, f32))  # fmt: skip
+
+
+@kernel(inline=True)
+def layer_spec(spec, i):
+    """Layer i's attention spec (attention.spec_of) from the stacked one: its q and k
+    norms (rows of spec's (L, n) arrays), the shared eps, scale and cap."""
+    return spec[0][i], spec[1][i], spec[2], spec[3], spec[4]
+
+
+@kernel
+def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
+           keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
-    n = max(x.shape[0], gate_up.shape[0] // 2, part.shape[0] * part.shape[2])
-    buf, att = scratch(n), np.empty(part.shape[0] * part.shape[2], np.float32)
+    hd = values[0].shape[2]
+    q_dim = qkv.shape[0] - 2 * values[0].shape[0] * hd
+    n = max(x.shape[0], gate_up.shape[0] // 2, q_dim)
+    buf, att = scratch(n), np.empty(q_dim, np.float32)
     # no bias, and the norm of a product without one (unread): arrays of the caller's, not
     # module constants, which numba types read-only (a second specialization of rmsnorm)
     nk, none = len(keys), biases[0, :0]
+    pre, gate, post, scale = form
+    fused = not post and scale == np.float32(1)  # the residual add inside the products
+    post_n = x.shape[0] if post else 0  # the post-norms' length (0: none)
     for i in range(plan.shape[0]):
         p, k = plan[i], PHASES * i
-        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, NORM,
+        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
                 False, qkv, biases[i], buf, ints)  # fmt: skip
         kk = at_addresses(keys, kv_at[i, :nk])
         vv = at_addresses(values, kv_at[i, nk:])
-        attend(sync, k + 1, qkv, cos, sin, kk, vv, slot, n_keys, run, top, total, part)
+        top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
+        attend(sync, k + 1, qkv, cos[i], sin[i], layer_spec(spec, i), kk, vv, slots[i],
+               n_keys[i], run, top, total, part)  # fmt: skip
         attention.combine(top, total, part, att)
         product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
-                PLAIN, True, x, none, buf, ints)  # fmt: skip
-        product(sync, k + 3, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, NORM,
+                PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
+        if not fused:
+            residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
+        product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
                 False, gate_up, none, buf, ints)  # fmt: skip
-        product(sync, k + 4, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
-                eps, SWIGLU, True, x, none, buf, ints)  # fmt: skip
+        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
+                eps, gate, fused, x if fused else y, none, buf, ints)  # fmt: skip
+        if not fused:
+            residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
 
 
 @kernel(parallel=True)
-def decode_blocks(x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values, kv_at,
-                  slot, n_keys, ints, threads):  # fmt: skip
+def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
+                  values, kv_at, slots, n_keys, ints, threads):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
     plan (L, 4, 2): per layer, the table rows of its products qkv, o, gate_up and down;
-    norms (L, 2, dim): the attention and MLP norms; biases (L, qkv rows) or (L, 0);
-    cos, sin (hd / 2,): the token's RoPE angle; keys, values: layer 0's KV stores, and
-    kv_at (L, arrays of both): every layer's at its addresses; slot, n_keys: the span.
-    Each layer as llama_np.model.transformer.Transformer._blocks runs it; every layer has
-    layer 0's shapes (the buffers are sized by it). One parallel loop, one iteration
-    per thread (team.py): the phases share work through `sync`'s counters. `threads`:
+    norms (L, 4, dim): the norms before attention and the MLP and after them (rows a
+    family lacks: unread); biases (L, qkv rows) or (L, 0); form: (the prologue before
+    attention and the MLP, NORM or PLAIN; the MLP's gate, SWIGLU or GEGLU; whether the
+    sub-blocks' outputs are normed; the residual multiplier); cos, sin (L, rotary / 2):
+    each layer's RoPE angle; spec: the attention's (attention.spec_of, its norms stacked
+    by layer: (L, n)); keys, values: layer 0's KV stores, and kv_at (L, arrays of both):
+    every layer's at its addresses; slots, n_keys (L,): each layer's span. Each layer as
+    llama_np.model.transformer.Transformer._blocks runs it; every layer has layer 0's
+    shapes (the buffers are sized by it). One parallel loop, one iteration per thread
+    (team.py): the phases share work through `sync`'s counters. `threads`:
     numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache)."""
-    n_kv, hd = values[0].shape[0], cos.shape[0] * 2
+    n_kv, hd = values[0].shape[0], values[0].shape[2]
     qkv = np.empty(out_rows(rows, plan[0, 0, 0], plan[0, 0, 1]), np.float32)
     gate_up = np.empty(out_rows(rows, plan[0, 2, 0], plan[0, 2, 1]), np.float32)
-    top, total, part, run = attention.pieces_of(qkv, hd, n_kv, n_keys)
+    y = np.empty(x.shape[0], np.float32)
+    flat = pieces_scratch((qkv.shape[0] - 2 * n_kv * hd) // hd, n_keys.max(), hd)
     sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
     for _ in prange(threads):
-        member(sync, threads, x, rows, factors, plan, norms, biases, eps, cos, sin, keys, values,
-               kv_at, slot, n_keys, ints, qkv, gate_up, top, total, part, run)  # fmt: skip
+        member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
+               keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat)  # fmt: skip
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
@@ -424,7 +483,10 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     t = table([Operands(F32, w.shape[0], (w,)) for w in ws])
     plan = np.array([[[0, 1], [1, 2], [2, 3], [3, 4]]], np.int64)
     kv_at = np.array([[address(a) for a in keys + values]], np.int64)
-    cos = np.ones(hd // 2, np.float32)
+    cos = np.ones((1, hd // 2), np.float32)
+    none = np.zeros((1, 0), np.float32)
+    spec = attention.spec_of(none, none, 1e-5, 1.0, 0.0)
     decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
-                  np.ones((1, 2, dim), np.float32), np.zeros((1, 0), np.float32),
-                  np.float32(1e-5), cos, cos * 0, keys, values, kv_at, 0, 1, 0, 1)  # fmt: skip
+                  np.ones((1, 4, dim), np.float32), none, np.float32(1e-5),
+                  (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
+                  np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1)  # fmt: skip

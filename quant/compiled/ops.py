@@ -41,38 +41,83 @@ def rmsnorm(x, weight, eps, out):
         out[i] = x[i] * inv * weight[i]
 
 
+@kernel(inline=True)
+def sigmoid(g):
+    """1 / (1 + exp(-g)), from exp(-|g|) so that no exp overflows; vectorizes."""
+    e = exp_neg(-abs(g))
+    sig = recip(np.float32(1) + e)  # vectorizes, where `/` would not
+    return e * sig if g < 0 else sig
+
+
 @kernel
 def swiglu(gate_up, out):
     """out = silu(gate) * up for gate_up = [gate | up] (2 * hidden,), out (hidden,):
-    silu(g) = g * sigmoid(g), with sigmoid from exp(-|g|) so that no exp overflows."""
+    silu(g) = g * sigmoid(g)."""
     n = out.shape[0]
     for i in range(n):
         g = gate_up[i]
-        e = exp_neg(-abs(g))
-        sig = recip(np.float32(1) + e)  # vectorizes, where `/` would not
-        if g < 0:
-            sig = e * sig
-        out[i] = g * sig * gate_up[n + i]
+        out[i] = g * sigmoid(g) * gate_up[n + i]
+
+
+GELU_2C = np.float32(2 * 0.7978845608028654)  # 2 sqrt(2 / pi)
+
+
+@kernel
+def geglu(gate_up, out):
+    """out = gelu_tanh(gate) * up (Gemma's GeGLU) for gate_up = [gate | up]: GELU's tanh
+    approximation 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed as
+    g * sigmoid(2 z), the same number without a tanh call per element."""
+    n = out.shape[0]
+    for i in range(n):
+        g = gate_up[i]
+        z = GELU_2C * (g + np.float32(0.044715) * g * g * g)
+        out[i] = g * sigmoid(z) * gate_up[n + i]
+
+
+@kernel
+def residual(x, y, norm, eps, scale):
+    """x += scale * rmsnorm(y) * norm, the residual add of a family with a norm after
+    attention or the MLP (gemma, olmo2: `norm`; empty: none) or a residual multiplier
+    (granite's `scale`). y (dim,) is a product's output, normed in place."""
+    if norm.shape[0]:
+        rmsnorm(y, norm, eps, y)
+    if scale == np.float32(1):
+        for i in range(x.shape[0]):
+            x[i] += y[i]
+    else:
+        for i in range(x.shape[0]):
+            x[i] += scale * y[i]
 
 
 # What a matrix product may do before and after itself, so that a decode step calls one
 # kernel where it would call three (a call costs ~2 us here: dispatch and a parallel
-# launch). Before: nothing, RMSNorm, or SwiGLU of the input. After: store, or add.
-PLAIN, NORM, SWIGLU = 0, 1, 2
+# launch). Before: nothing, RMSNorm, or SwiGLU or GeGLU of the input. After: store, or add.
+PLAIN, NORM, SWIGLU, GEGLU = 0, 1, 2, 3
+GATED = {"silu": SWIGLU, "gelu_tanh": GEGLU}  # the prologue of the MLP's down product
 NO_NORM, ZERO = np.zeros(1, np.float32), np.float32(0)  # a product's norm and eps without one
+
+
+@kernel(inline=True)
+def gated(x, mode, out):
+    """out = act(gate) * up for x = [gate | up]: SwiGLU or GeGLU by `mode`."""
+    if mode == SWIGLU:
+        swiglu(x, out)
+    else:
+        geglu(x, out)
 
 
 @kernel(inline=True)
 def prologue(x, norm, eps, mode):
     """The vector a product multiplies: x (PLAIN), rmsnorm(x) * norm (NORM), or
-    silu(gate) * up for x = [gate | up] (SWIGLU). Runs once, before the parallel loop."""
+    act(gate) * up for x = [gate | up] (SWIGLU, GEGLU). Runs once, before the parallel
+    loop."""
     if mode == NORM:
         h = np.empty_like(x)
         rmsnorm(x, norm, eps, h)
         return h
-    if mode == SWIGLU:
+    if mode == SWIGLU or mode == GEGLU:
         h = np.empty(x.shape[0] // 2, np.float32)
-        swiglu(x, h)
+        gated(x, mode, h)
         return h
     return x
 
@@ -88,7 +133,7 @@ def prepare_row(x, norm, eps, mode, out):
     if mode == NORM:
         rmsnorm(x, norm, eps, out)
     else:
-        swiglu(x, out)
+        gated(x, mode, out)
 
 
 @kernel

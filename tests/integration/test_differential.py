@@ -47,7 +47,7 @@ class Case:
 
 @st.composite
 def cases(draw) -> Case:
-    arch = draw(st.sampled_from(["llama", "mistral", "qwen2"]))
+    arch = draw(st.sampled_from(["llama", "mistral", "qwen2", *FAMILY_MODELS]))
     n_kv = draw(st.integers(1, 3))
     n_heads = n_kv * draw(st.sampled_from([1, 2, 3, 4]))  # MHA, GQA and (n_kv = 1) MQA
     weights = draw(st.sampled_from([None, None, "f16", "bf16", *QUANTIZED]))
@@ -58,18 +58,25 @@ def cases(draw) -> Case:
         n_heads += n_heads % 2
         n_kv = n_kv if n_heads % n_kv == 0 else 1
     elif weights in QUANTIZED:  # every input width a multiple of the 32-weight block
-        head_dim = 16 * draw(st.integers(1, 16))
+        head_dim = 16 * draw(st.integers(1, 16 if arch != "phi3" else 4))
         n_heads += n_heads % 2
         n_kv = n_kv if n_heads % n_kv == 0 else 1
         hidden, ffn = 32 * draw(st.integers(1, 5)), 32 * draw(st.integers(1, 6))
     else:  # any even head_dim, widths that are not multiples of 32 (or of 16, 8, 4)
         head_dim = 2 * draw(st.integers(1, 128))
         hidden, ffn = draw(st.integers(4, 150)), draw(st.integers(4, 200))
+    if arch == "phi3":  # half of head_dim turns: an even number of dims
+        head_dim = 4 * max(1, head_dim // 4)
     prompt, steps = draw(st.integers(1, 9)), draw(st.integers(2, 6))
     # windows shorter than the prompt, between prompt and end, and longer than both
     window = draw(st.sampled_from([None, 2, 5, 9, 64])) if arch == "mistral" else None
     return Case(arch, n_heads, n_kv, head_dim, hidden, ffn, draw(st.booleans()), window,
                 weights, kv, prompt, steps)  # fmt: skip
+
+
+# the families, each with its switches on (tests/helpers.py FAMILIES, at the drawn shape)
+FAMILY_MODELS = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
+                 "smollm3": "smollm3_window", "olmo2": "olmo2", "granite": "granite"}  # fmt: skip
 
 
 def build(case: Case, directory: Path):
@@ -78,10 +85,18 @@ def build(case: Case, directory: Path):
         hidden_size=case.hidden, intermediate_size=case.ffn, num_attention_heads=case.n_heads,
         num_key_value_heads=case.n_kv, head_dim=case.head_dim, tie_word_embeddings=case.tied,
     )  # fmt: skip
-    name = {"llama": "llama_gqa", "mistral": "mistral_window", "qwen2": "qwen2"}[case.arch]
+    name = {"llama": "llama_gqa", "mistral": "mistral_window", "qwen2": "qwen2"}.get(case.arch)
     if case.arch == "mistral":
         spec["sliding_window"] = case.window
-    return build_hf_model(name, directory, **spec)
+    if case.arch == "phi3":  # head_dim is hidden / heads; RoPE on about half of it, longrope
+        r = max(2, case.head_dim // 2 - case.head_dim // 2 % 2)
+        short, long = [1.0 + 0.1 * i for i in range(r // 2)], [2.0 + i for i in range(r // 2)]
+        spec |= dict(
+            hidden_size=case.n_heads * case.head_dim,
+            partial_rotary_factor=r / case.head_dim,
+            rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long},
+        )
+    return build_hf_model(name or FAMILY_MODELS[case.arch], directory, **spec)
 
 
 def run(directory: Path, case: Case, kernels: str, ids: list[int]) -> np.ndarray:
@@ -94,9 +109,9 @@ def run(directory: Path, case: Case, kernels: str, ids: list[int]) -> np.ndarray
 
 
 @settings(
-    max_examples=40,
+    max_examples=60,
     deadline=None,
-    derandomize=True,  # fixed seeds: the same 40 configs on every run
+    derandomize=True,  # fixed seeds: the same 60 configs on every run
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(cases())

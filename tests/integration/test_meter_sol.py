@@ -18,7 +18,14 @@ SHAPES = {
     "mha_tied": Config("llama", 64, 2, 2, 2, 32, 128, 77, tie_embeddings=True),
     "window": Config("mistral", 96, 3, 3, 1, 32, 64, 50, sliding_window=8),
     "qwen_like": Config("qwen2", 256, 2, 4, 2, 64, 512, 90, qkv_bias=True),  # K-quants fit
-}
+    # the families' vectors and windows: q/k norms of a head or of a whole projection, norms
+    # after attention and the MLP (or only those), Gemma's window on some layers
+    "gemma_like": Config("gemma3", 64, 3, 4, 1, 32, 96, 100, tie_embeddings=True,
+                         qk_norm="head", post_norm=True, mlp_act="gelu_tanh", sliding_window=8,
+                         sliding_layers=(True, False, True), rope_local_theta=1e4),
+    "olmo_like": Config("olmo2", 64, 2, 4, 2, 32, 96, 100, qk_norm="all", pre_norm=False,
+                        post_norm=True),
+}  # fmt: skip
 WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 KV = ["f32", "f16", "q8_0"]

@@ -47,7 +47,7 @@ def test_decode_logits_match(pair):
     llm, ref = pair
     ids = sequence(2)
     theirs = hf_logits(ref, ids)
-    cache = llm.new_cache()
+    cache = llm.new_cache(64)
     ours = np.stack([llm.step(t, cache) for t in ids])
     np.testing.assert_allclose(ours, theirs, atol=TOL, rtol=0)
 
@@ -57,7 +57,7 @@ def test_prefill_then_decode_match(pair):
     llm, ref = pair
     ids = sequence(3)
     theirs = hf_logits(ref, ids)
-    cache = llm.new_cache()
+    cache = llm.new_cache(64)
     first = llm.logits(ids[:13], cache)
     rest = np.stack([llm.step(t, cache) for t in ids[13:]])
     np.testing.assert_allclose(np.concatenate([first, rest]), theirs, atol=TOL, rtol=0)

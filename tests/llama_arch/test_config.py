@@ -107,3 +107,35 @@ def test_any_llama_family_shape_reads_for_the_speed_of_light_model(tmp_path):
     assert load_config("SmolLM2-135M") is PRESETS["smollm2-135m"]
     with pytest.raises(ConfigError, match="neither a preset"):
         load_config("no-such-model")
+
+
+def test_the_families_presets_carry_their_switches():
+    """What each 2026 preset's family switches on, from its config.json's fields alone, and
+    its parameters as its model card gives them (to the card's precision)."""
+    from bench.sol import estimate
+
+    p = PRESETS
+    assert (p["qwen3-0.6b"].qk_norm, p["qwen3-0.6b"].head_dim, p["qwen3-0.6b"].q_dim) == (
+        "head", 128, 2048)  # fmt: skip
+    g = p["gemma-3-1b"]
+    assert g.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(26))
+    assert (g.sliding_window, g.rope_local_theta, g.rope_theta) == (512, 1e4, 1e6)
+    assert g.embed_scale == pytest.approx(1152**0.5) and g.attn_scale == 256**-0.5
+    assert (g.post_norm, g.mlp_act, g.tie_embeddings) == (True, "gelu_tanh", True)
+    assert (p["phi-4-mini"].rotary_dim, p["phi-4-mini"].sliding_window) == (96, None)
+    assert sum(not r for r in p["smollm3-3b"].rope_layers) == 9  # every fourth of 36
+    assert (p["olmo-2-1b"].pre_norm, p["olmo-2-1b"].qk_norm) == (False, "all")
+    assert p["granite-3.3-2b"].residual_scale == 0.22
+    billions = {"qwen3-0.6b": 0.6, "qwen3-1.7b": 1.7, "qwen3-4b": 4.0, "gemma-3-270m": 0.27,
+                "gemma-3-1b": 1.0, "phi-4-mini": 3.8, "smollm3-3b": 3.1, "olmo-2-1b": 1.5,
+                "granite-3.3-2b": 2.5, "llama-3.2-1b": 1.2}  # fmt: skip
+    for name, b in billions.items():
+        assert estimate(p[name]).params_total / 1e9 == pytest.approx(b, abs=0.05), name
+
+
+def test_the_readme_lists_every_preset():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = readme.split("Presets (`sol --config`")[1].split(":\n", 1)[1].split("\n\n")[0]
+    assert sorted(n.strip(" .\n") for n in listed.split(",")) == sorted(PRESETS)

@@ -101,25 +101,64 @@ def stores(fmt: str, n_kv: int, slots: int, hd: int, tiled: bool):
     return KV_FORMATS[fmt](n_kv, slots, hd, tiled=tiled), KV_FORMATS[fmt](n_kv, slots, hd)
 
 
-def reference_attention(qkv, cos, sin, keys, values, n_heads, n_kv, hd, slot, n):
-    """NumPy: rotate, store through the stores' own write, attend to slots 0..n-1."""
-    from llama_np.model.ops import attention as np_attention
+NONE = np.zeros(0, np.float32)
 
-    q = qkv[: n_heads * hd].reshape(1, n_heads, hd)
-    k = qkv[n_heads * hd : (n_heads + n_kv) * hd].reshape(1, n_kv, hd)
+
+def llama_spec(hd: int) -> tuple:
+    """attention.spec_of for llama's attention: no q/k norms, 1/sqrt(hd), no soft-cap."""
+    return attention.spec_of(NONE, NONE, 1e-5, np.float32(1) / np.sqrt(np.float32(hd)), 0.0)
+
+
+def family_spec(kind: str, n_heads: int, n_kv: int, hd: int, rng) -> tuple:
+    """A spec with one family's switch on: q/k norms of each head ("head", qwen3) or of
+    each whole projection ("all", olmo2), a scale of its own and a soft-cap ("cap",
+    gemma2), or none of them ("llama")."""
+
+    def w(n):
+        return rng.uniform(0.5, 1.5, n).astype(np.float32)
+
+    if kind == "head":
+        return attention.spec_of(w(hd), w(hd), 1e-6, 0.3, 0.0)
+    if kind == "all":
+        return attention.spec_of(w(n_heads * hd), w(n_kv * hd), 1e-6, 0.3, 0.0)
+    if kind == "cap":
+        return attention.spec_of(NONE, NONE, 1e-6, 0.7, 2.0)
+    return llama_spec(hd)
+
+
+def reference_attention(qkv, cos, sin, keys, values, n_heads, n_kv, hd, slot, n, spec=None):
+    """NumPy: q and k normed (spec), rotated (cos, sin: the first 2 len(cos) dims), k and v
+    stored through the stores' own write, q attends to slots 0..n-1, the scores scaled
+    and soft-capped as spec says."""
+    from llama_np.model.ops import attention as np_attention
+    from llama_np.model.ops import rmsnorm
+
+    spec = spec or llama_spec(hd)
+    q = qkv[: n_heads * hd].reshape(1, n_heads * hd)
+    k = qkv[n_heads * hd : (n_heads + n_kv) * hd].reshape(1, n_kv * hd)
     v = qkv[(n_heads + n_kv) * hd :].reshape(1, n_kv, hd)
+    qn, kn, eps, scale, cap = spec
+    if len(qn) and len(qn) != hd:  # over the whole projections
+        q, k = rmsnorm(q, qn, eps), rmsnorm(k, kn, eps)
+    q, k = q.reshape(1, n_heads, hd), k.reshape(1, n_kv, hd)
+    if len(qn) == hd:
+        q, k = rmsnorm(q, qn, eps), rmsnorm(k, kn, eps)
 
     def rope(x):
-        a, b = x[..., : hd // 2], x[..., hd // 2 :]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        r = len(cos)
+        a, b = x[..., :r], x[..., r : 2 * r]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., 2 * r :]], axis=-1)
 
     keys.write(slot, rope(k))
     values.write(slot, v)
-    return np_attention(rope(q), keys.load(0, n), values.load(0, n))[0]
+    return np_attention(rope(q), keys.load(0, n), values.load(0, n), None, scale,
+                        cap if cap else None)[0]  # fmt: skip
 
 
-def check_attention(kv: str, n_heads: int, n_kv: int, n: int, hd: int) -> None:
-    """The compiled decode attention against NumPy's on one shape: n keys, the last new."""
+def check_attention(kv: str, n_heads: int, n_kv: int, n: int, hd: int, kind: str = "llama",
+                    rotary: int | None = None) -> None:  # fmt: skip
+    """The compiled decode attention against NumPy's on one shape: n keys, the last new;
+    `kind`: a family's switch (family_spec); `rotary`: RoPE on that many dims only."""
     slots = -(-n // 16) * 16 + 16
     rng = np.random.default_rng(n + hd)
     ck, cv = stores(kv, n_kv, slots, hd, tiled=True)
@@ -129,11 +168,12 @@ def check_attention(kv: str, n_heads: int, n_kv: int, n: int, hd: int) -> None:
         k.write(0, hk)
         v.write(0, hv)
     qkv = rng.standard_normal((n_heads + 2 * n_kv) * hd).astype(np.float32)
-    angle = rng.uniform(0, 6, hd // 2).astype(np.float32)
+    angle = rng.uniform(0, 6, (rotary or hd) // 2).astype(np.float32)
     cos, sin = np.cos(angle), np.sin(angle)
+    spec = family_spec(kind, n_heads, n_kv, hd, rng)
     out = np.empty(n_heads * hd, np.float32)
-    attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), n - 1, n, out)
-    ref = reference_attention(qkv, cos, sin, rk, rv, n_heads, n_kv, hd, n - 1, n)
+    attention.attend(qkv, cos, sin, spec, tuple(ck.arrays()), tuple(cv.arrays()), n - 1, n, out)
+    ref = reference_attention(qkv, cos, sin, rk, rv, n_heads, n_kv, hd, n - 1, n, spec)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6 * np.abs(ref).max() + 1e-7)
     # the rotated keys differ in float32's last bit, which a float16 store may round to
     # the neighbouring half: one ulp of float16
@@ -149,6 +189,24 @@ def test_decode_attention_equals_numpy(kv, n_heads, n_kv, n):
     """GQA shapes, key counts at and across tile edges, several pieces of parallel work
     (4620 keys: 289 tiles, where rounding once left pieces without a tile)."""
     check_attention(kv, n_heads, n_kv, n, 64)
+
+
+# (n_heads, n_kv, head_dim, rotary dims): MQA, GQA, MHA, partial rotary; a q8_0 cache
+# holds head dims of whole blocks of 32
+SHAPES = [(4, 1, 24, None), (6, 2, 24, 18), (3, 3, 34, None), (5, 1, 64, 48)]
+FAMILY_CASES = [(kv, *shape) for kv in sorted(KV_FORMATS) for shape in SHAPES
+                if kv != "q8_0" or shape[2] % 32 == 0]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kv", "n_heads", "n_kv", "hd", "rotary"), FAMILY_CASES)
+@pytest.mark.parametrize("kind", ["head", "all", "cap"])
+@pytest.mark.parametrize("n", [1, 17, 300])
+def test_decode_attention_with_a_familys_switches_equals_numpy(kv, n_heads, n_kv, hd, rotary,
+                                                               kind, n):  # fmt: skip
+    """q and k normed per head (qwen3, gemma3) or over each whole projection (olmo2), a
+    scale of the family's own, gemma2's soft-cap, partial rotary (phi3: 18 of 24 dims,
+    48 of 64), on odd shapes (MQA, head dims not a multiple of 16)."""
+    check_attention(kv, n_heads, n_kv, n, hd, kind, rotary)
 
 
 @pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 256, 300])
@@ -201,7 +259,8 @@ def test_a_kernel_stores_what_numpy_stores(kv):
     qkv[-5:] = [0, 1e6, -1e6, 1e-8, 0.5]  # zero, beyond float16, tiny
     cos, sin = np.ones(hd // 2, np.float32), np.zeros(hd // 2, np.float32)
     out = np.empty(2 * hd, np.float32)
-    attention.attend(qkv, cos, sin, tuple(ck.arrays()), tuple(cv.arrays()), 7, 8, out)
+    attention.attend(qkv, cos, sin, llama_spec(hd), tuple(ck.arrays()), tuple(cv.arrays()), 7, 8,
+                     out)  # fmt: skip
     rk.write(7, qkv[2 * hd : (2 + n_kv) * hd].reshape(1, n_kv, hd))
     rv.write(7, qkv[(2 + n_kv) * hd :].reshape(1, n_kv, hd))
     assert np.array_equal(ck.load(7, 8), rk.load(7, 8))
@@ -359,7 +418,8 @@ def test_kernels_taking_a_kernel_are_loaded_from_the_disk_cache(tmp_path):
 
 
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
-def test_batched_attention_gives_each_sequence_its_bits_alone(kv):
+@pytest.mark.parametrize("kind", ["llama", "head", "all", "cap"])
+def test_batched_attention_gives_each_sequence_its_bits_alone(kv, kind):
     """layers.attend_batch, one call for every sequence: ragged depths (one key, a few
     tiles, several pieces of parallel work), a ring's slot inside its keys, GQA, a head
     dim not a multiple of 16 (q8_0: of 32): each sequence's output and stores equal what
@@ -372,6 +432,7 @@ def test_batched_attention_gives_each_sequence_its_bits_alone(kv):
     qkv = rng.standard_normal((len(depths), (n_heads + 2 * n_kv) * hd)).astype(np.float32)
     angle = rng.uniform(0, 6, (len(depths), hd // 2)).astype(np.float32)
     cos, sin = np.cos(angle), np.sin(angle)
+    spec = family_spec(kind, n_heads, n_kv, hd, rng)
     pairs = []
     for n in depths:  # each sequence's stores, twice: alone and in the batch
         history = rng.standard_normal((2, 704, n_kv, hd)).astype(np.float32)
@@ -382,12 +443,12 @@ def test_batched_attention_gives_each_sequence_its_bits_alone(kv):
         pairs.append(two)
     alone = np.empty((len(depths), n_heads * hd), np.float32)
     for b, ((k, v), _) in enumerate(pairs):
-        attention.attend(qkv[b], cos[b], sin[b], tuple(k.arrays()), tuple(v.arrays()),
+        attention.attend(qkv[b], cos[b], sin[b], spec, tuple(k.arrays()), tuple(v.arrays()),
                          slots[b], depths[b], alone[b])  # fmt: skip
     batch = [(tuple(k.arrays()), tuple(v.arrays())) for _, (k, v) in pairs]
     kv_at = np.array([[layers.address(a) for a in k + v] for k, v in batch], np.int64)
     together = np.empty_like(alone)
-    layers.attend_batch(qkv, cos, sin, *batch[0], kv_at, np.array(slots, np.int64),
+    layers.attend_batch(qkv, cos, sin, spec, *batch[0], kv_at, np.array(slots, np.int64),
                         np.array(depths, np.int64), together)  # fmt: skip
     assert np.array_equal(together, alone)
     for a, b in pairs:
@@ -413,6 +474,7 @@ def test_a_prompt_in_two_calls_is_decode_token_by_token(kv, n_heads, n_kv, hd, p
     qkv = rng.standard_normal((t, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
     angle = rng.uniform(0, 6, (t, hd // 2)).astype(np.float32)
     cos, sin = np.cos(angle), np.sin(angle)
+    spec = llama_spec(hd)
     history = rng.standard_normal((2, p0, n_kv, hd)).astype(np.float32)
     (pk, pv), (dk, dv) = (stores(kv, n_kv, slots, hd, tiled=True) for _ in range(2))
     for k, v in ((pk, pv), (dk, dv)):
@@ -420,13 +482,13 @@ def test_a_prompt_in_two_calls_is_decode_token_by_token(kv, n_heads, n_kv, hd, p
         v.write(0, history[1])
     alone = np.empty((t, n_heads * hd), np.float32)
     for i in range(t):
-        attention.attend(qkv[i], cos[i], sin[i], tuple(dk.arrays()), tuple(dv.arrays()),
+        attention.attend(qkv[i], cos[i], sin[i], spec, tuple(dk.arrays()), tuple(dv.arrays()),
                          p0 + i, p0 + i + 1, alone[i])  # fmt: skip
     keys, values = tuple(pk.arrays()), tuple(pv.arrays())
-    layers.append_tokens(qkv, cos, sin, keys, values, p0)
+    layers.append_tokens(qkv, cos, sin, spec, keys, values, p0)
     kv_at = np.repeat(np.array([[layers.address(a) for a in keys + values]], np.int64), t, 0)
     prompt = np.empty_like(alone)
-    layers.attend_batch(qkv, cos, sin, keys, values, kv_at, np.full(t, -1, np.int64),
+    layers.attend_batch(qkv, cos, sin, spec, keys, values, kv_at, np.full(t, -1, np.int64),
                         np.arange(p0 + 1, p0 + t + 1), prompt)  # fmt: skip
     assert np.array_equal(prompt, alone)
     for a, b in ((pk, dk), (pv, dv)):

@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import pytest
 
+from llama_arch import RopeScaling
 from llama_arch.presets import PRESETS
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
@@ -36,6 +37,34 @@ QWEN2 = shape(arch="qwen2", qkv_bias=True, dim=160, n_heads=5, n_kv_heads=1, hea
 K_QUANTS = shape(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=512)
 GQA = shape(dim=128, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=96)
 
+# The families' switches (llama_arch.Config), several in each case
+GEMMA2 = shape(arch="gemma2", dim=96, n_heads=3, n_kv_heads=1, head_dim=32, hidden_dim=160,
+               post_norm=True, mlp_act="gelu_tanh", embed_scale=9.8, attn_scale=0.2,
+               attn_softcap=3.0, final_softcap=5.0, sliding_window=5,
+               sliding_layers=(True, False, True))  # fmt: skip
+GEMMA3 = dataclasses.replace(K_QUANTS, arch="gemma3", qk_norm="head", post_norm=True,
+                             mlp_act="gelu_tanh", rope_theta=1e6, rope_local_theta=1e4,
+                             rope_scaling=RopeScaling("linear", 8.0), sliding_window=5,
+                             sliding_layers=(True, True, False))  # fmt: skip
+OLMO2 = shape(arch="olmo2", dim=70, n_heads=3, n_kv_heads=1, head_dim=32, hidden_dim=45,
+              qk_norm="all", pre_norm=False, post_norm=True)  # fmt: skip
+LONGROPE = RopeScaling(
+    "longrope",
+    2.0,
+    original_max_position_embeddings=16,
+    short_factor=tuple(1 + 0.1 * i for i in range(12)),
+    long_factor=tuple(1 + 0.5 * i for i in range(12)),
+    attention_factor=1.1,
+)
+PHI3 = shape(arch="phi3", dim=96, n_heads=3, n_kv_heads=1, head_dim=32, hidden_dim=160,
+             rotary_dim=24, rope_scaling=LONGROPE)  # fmt: skip
+QWEN3 = shape(arch="qwen3", dim=64, n_heads=3, n_kv_heads=1, head_dim=32, hidden_dim=96,
+              qk_norm="head")  # fmt: skip
+SMOLLM3 = dataclasses.replace(GQA, arch="smollm3", rope_layers=(True, False, True))
+GRANITE = shape(arch="granite", dim=70, n_heads=3, n_kv_heads=1, head_dim=22, hidden_dim=45,
+                embed_scale=3.0, attn_scale=0.1, residual_scale=0.4,
+                logits_scaling=2.0)  # fmt: skip
+
 # name: (config, weights, a format for v's rows of the stacked q, k, v, or None)
 CASES = {
     "odd f32": (ODD, "f32", None),
@@ -44,6 +73,13 @@ CASES = {
     "q5_0 + q5_1 v, qwen2": (QWEN2, "q5_0", "q5_1"),
     "q4_k + q6_k v": (K_QUANTS, "q4_k", "q6_k"),
     "q4_0 gqa": (GQA, "q4_0", None),
+    "q8_0 gemma2": (GEMMA2, "q8_0", None),
+    "q4_k + q6_k v gemma3": (GEMMA3, "q4_k", "q6_k"),
+    "f16 olmo2": (OLMO2, "f16", None),
+    "q5_1 phi3": (PHI3, "q5_1", None),
+    "q8_0 qwen3": (QWEN3, "q8_0", None),
+    "q4_0 smollm3": (SMOLLM3, "q4_0", None),
+    "bf16 granite": (GRANITE, "bf16", None),
 }
 
 
@@ -51,6 +87,10 @@ def model_for(case: str, kernels: str):
     config, fmt, v_fmt = CASES[case]
     backend = get_backend(kernels)
     model = random_model(config, fmt, None, backend, seed=3)
+    rng = np.random.default_rng(5)
+    for layer in model.weights.layers:  # norms of ones would hide a norm's weights misread
+        for v in layer.vectors():
+            v *= rng.uniform(0.5, 1.5, v.shape).astype(np.float32)
     if v_fmt is not None:  # v in another format: a stack of two parts, two kernels
         rng = np.random.default_rng(4)
         qk = config.q_dim + config.kv_dim
@@ -109,7 +149,7 @@ RUNS = [(case, kv) for case in CASES for kv in ("f32", "f16", "q8_0")
 @pytest.mark.parametrize(("case", "kv"), RUNS)
 def test_blocks_in_one_call_equal_call_by_call(case: str, kv: str, kernels: str) -> None:
     model = model_for(case, kernels)
-    assert model.ops.packed(model.weights.layers) is not None  # the one call really runs
+    assert model.ops.packed(model.config, model.weights.layers) is not None  # the one call runs
     one, reads, writes = decode(model, kv, True)
     each, reads_each, writes_each = decode(model, kv, False)
     same_logits(one, each, kv, kernels)

@@ -1,0 +1,259 @@
+"""What a GGUF file's metadata and tensor names say, as llama.cpp reads them: the Config of
+each architecture llama.cpp's converter writes (convert_hf_to_gguf.py) and the Hugging
+Face name of each of its tensors.
+
+Where the file leaves something out, llama.cpp's defaults stand, not transformers': a
+GGUF keeps no query_pre_attn_scalar (llama.cpp scales Gemma's scores by 1/sqrt(head_dim),
+1/sqrt(dim / heads) for the 27B models), no Gemma 2 rope_theta (10000), no sliding-layer
+pattern (every other layer for Gemma 2, five of six for Gemma 3), no SmolLM3 NoPE pattern
+(every fourth layer), no Qwen3 or Phi-3 window (full attention). Phi-3's longrope takes its
+long factors when the context asked for passes the original one (llama.cpp decides by the
+context size; transformers by the positions seen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from llama_arch import Config, config_from_hf
+from llama_np.errors import LlamaNpError, UsageError
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
+                 "granite")  # fmt: skip
+# llama.cpp's rope type NORM: its converter permutes Q and K rows for adjacent-pair RoPE,
+# which the loader undoes (this engine turns halves)
+PERMUTED = ("llama", "smollm3", "granite")
+
+LAYER_TENSORS = {  # GGUF tensor -> Hugging Face, the same in every family
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",  # the norm before the MLP
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+AFTER = {  # the norms on attention's and the MLP's output (gemma, olmo2)
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+FAMILY_TENSORS = {  # ... and where a family's names differ
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm", **AFTER},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm", **AFTER},
+    "olmo2": AFTER,
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused
+}
+GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def layer_names(arch: str) -> dict[str, str]:
+    """A family's GGUF layer tensor -> Hugging Face name (one each way)."""
+    names = LAYER_TENSORS | FAMILY_TENSORS.get(arch, {})
+    if arch == "olmo2":  # no norm before the MLP: HF's post_attention_layernorm is after
+        del names["ffn_norm"]
+    return names
+
+
+def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
+    """HF name of a GGUF tensor, and the head count to un-permute its rows by (Q and K of
+    the NORM-rope families); (None, None) for a tensor the model does not use."""
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name], None
+    parts = name.split(".")
+    names = layer_names(c.arch)
+    layer = len(parts) == 4 and parts[0] == "blk" and parts[3] in ("weight", "bias")
+    if layer and parts[2] in names:
+        heads = None
+        if c.arch in PERMUTED:
+            heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}.get(parts[2])
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}", heads
+    return None, None
+
+
+def gguf_name(hf: str, c: Config) -> str:
+    """The GGUF name of a tensor the model needs, by its HF name (for messages)."""
+    reverse = {v: k for k, v in GLOBAL_TENSORS.items()}
+    if hf in reverse:
+        return reverse[hf]
+    _, _, i, *rest = hf.split(".")
+    stem, kind = ".".join(rest[:-1]), rest[-1]
+    ours = {v: k for k, v in layer_names(c.arch).items()}
+    return f"blk.{i}.{ours.get(stem, stem)}.{kind}"
+
+
+class Metadata:
+    """Typed access to GGUF key/values, with errors that name the key."""
+
+    def __init__(self, reader: Any, path: Any) -> None:
+        self.fields, self.path = reader.fields, path
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        field = self.fields.get(key)
+        if field is None:
+            if default is ...:
+                raise LlamaNpError(f"{self.path}: GGUF metadata has no '{key}'")
+            return default
+        try:
+            value = field.contents()
+        except Exception as e:  # a malformed field: the reader raises various errors
+            raise LlamaNpError(f"{self.path}: GGUF metadata '{key}' is unreadable ({e})") from None
+        if not _has_kind(value, kind):
+            raise LlamaNpError(
+                f"{self.path}: GGUF metadata '{key}' should be {kind.__name__}, "
+                f"got {type(value).__name__}"
+            )
+        return float(value) if kind is float else value
+
+
+def _has_kind(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
+
+
+def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model") -> Config:
+    """The Config of a GGUF file from its metadata and tensors (by name: rope_freqs and
+    Phi-3's rope factors are tensors), as llama.cpp reads it; UsageError for an
+    architecture or a mixture of experts the engine does not run, before any weight."""
+    arch = meta.get("general.architecture", str)
+    a = arch + "."
+    if arch not in ARCHITECTURES:
+        raise UsageError(f"{meta.path}: unsupported GGUF architecture {arch!r} (supported: "
+                         f"{', '.join(ARCHITECTURES)})")  # fmt: skip
+    if (experts := meta.get(a + "expert_count", int, 0)) > 1:
+        raise UsageError(
+            f"{meta.path}: a mixture of experts ({a}expert_count = {experts}) "
+            f"is not supported (supported: dense {', '.join(ARCHITECTURES)})"
+        )
+    dim = meta.get(a + "embedding_length", int)
+    n_heads = meta.get(a + "attention.head_count", int)
+    head_dim = meta.get(a + "attention.key_length", int, dim // max(n_heads, 1))
+    tokens = meta.fields.get("tokenizer.ggml.tokens")
+    embed = tensors.get("token_embd.weight")
+    n_vocab = int(embed.shape[-1]) if embed is not None else (
+        len(tokens.data) if tokens is not None else ...)  # fmt: skip
+    hf: dict[str, Any] = {
+        "model_type": arch,
+        "hidden_size": dim,
+        "num_hidden_layers": meta.get(a + "block_count", int),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": meta.get(a + "attention.head_count_kv", int, n_heads),
+        "head_dim": head_dim,
+        "intermediate_size": meta.get(a + "feed_forward_length", int),
+        "vocab_size": meta.get(a + "vocab_size", int, n_vocab),
+        "max_position_embeddings": meta.get(a + "context_length", int),
+        "rms_norm_eps": meta.get(a + "attention.layer_norm_rms_epsilon", float),
+        "rope_theta": meta.get(a + "rope.freq_base", float, 10000.0),
+        "sliding_window": meta.get(a + "attention.sliding_window", int, None),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id", int, None),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id", int, None),
+    }
+    hf |= _rope(meta, a, head_dim)
+    hf |= FAMILIES.get(arch, lambda *_: {})(meta, a, hf, tensors)
+    c = config_from_hf(hf, name)
+    factors = tensors.get("rope_freqs.weight")
+    if factors is not None:
+        factors = np.asarray(factors.data, np.float32).ravel()
+        if factors.shape != (c.rotary // 2,):
+            raise LlamaNpError(f"{meta.path}: rope_freqs has {factors.shape[0]} factors, "
+                               f"expected {c.rotary // 2}")  # fmt: skip
+        c = replace(c, rope_freq_factors=tuple(float(f) for f in factors))
+    return c
+
+
+def _rope(meta: Metadata, a: str, head_dim: int) -> dict[str, Any]:
+    """Partial rotary and linear scaling (the rest is a family's)."""
+    out: dict[str, Any] = {}
+    rot = meta.get(a + "rope.dimension_count", int, head_dim)
+    if rot != head_dim:
+        out["partial_rotary_factor"] = rot / head_dim
+    scaling = meta.get(a + "rope.scaling.type", str, "none")
+    if scaling == "linear":
+        out["rope_scaling"] = {"rope_type": "linear",
+                               "factor": meta.get(a + "rope.scaling.factor", float)}  # fmt: skip
+    elif scaling != "none":
+        raise LlamaNpError(f"{meta.path}: unsupported RoPE scaling {scaling!r}")
+    return out
+
+
+def _gemma(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """Gemma 2 and 3 as llama.cpp runs them (src/models/gemma2.cpp, gemma3.cpp)."""
+    n_layers, gemma2 = hf["num_hidden_layers"], a == "gemma2."
+    big = n_layers == (46 if gemma2 else 62)  # the 27B models scale by dim / heads
+    out = {"query_pre_attn_scalar": hf["hidden_size"] / hf["num_attention_heads"] if big
+           else hf["head_dim"], "final_logit_softcapping": meta.get(
+               a + "final_logit_softcapping", float, 30.0 if gemma2 else None)}  # fmt: skip
+    pattern = meta.get(a + "attention.sliding_window_pattern", int, 2 if gemma2 else 6)
+    window = hf["sliding_window"] or (4096 if gemma2 else None)
+    out |= {"sliding_window": window, "sliding_window_pattern": pattern}
+    if gemma2:
+        out |= {"attn_logit_softcapping": meta.get(a + "attn_logit_softcapping", float, 50.0),
+                "tie_word_embeddings": True}  # llama.cpp's gemma2 reads token_embd # fmt: skip
+    else:
+        out["rope_local_base_freq"] = meta.get(a + "rope.freq_base_swa", float, 10000.0)
+    return out
+
+
+def _phi3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """Phi-3's longrope from its two factor tensors; no window (llama.cpp runs full
+    attention whatever attention.sliding_window says)."""
+    out: dict[str, Any] = {"sliding_window": None}
+    long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if long is None or short is None:
+        return out
+    orig = meta.get(a + "rope.scaling.original_context_length", int,
+                    hf["max_position_embeddings"])  # fmt: skip
+    out["rope_scaling"] = {
+        "type": "longrope",
+        "short_factor": np.asarray(short.data, np.float32).ravel().tolist(),
+        "long_factor": np.asarray(long.data, np.float32).ravel().tolist(),
+        "attention_factor": meta.get(a + "rope.scaling.attn_factor", float, 1.0),
+    }
+    out["original_max_position_embeddings"] = orig
+    return out
+
+
+def _granite(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """Granite's multipliers; a key absent (or 0) is llama.cpp's "off"."""
+
+    def key(name: str, off: float | None) -> float | None:
+        v = meta.get(a + name, float, 0.0)
+        return v if v else off
+
+    return {"embedding_multiplier": key("embedding_scale", 1.0),
+            "attention_multiplier": key("attention.scale", hf["head_dim"] ** -0.5),
+            "residual_multiplier": key("residual_scale", 1.0),
+            "logits_scaling": key("logit_scale", 1.0)}  # fmt: skip
+
+
+def _smollm3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    return {"no_rope_layer_interval": 4}  # llama.cpp's n_no_rope_layer_step
+
+
+def _qwen3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    return {"sliding_window": None}  # the converter keeps no window; llama.cpp reads none
+
+
+def _olmo2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    if hf["sliding_window"]:  # OLMo 3, which the converter writes as olmo2
+        raise UsageError(f"{meta.path}: OLMo 3's sliding-window layers are not supported "
+                         f"(supported: {', '.join(ARCHITECTURES)})")  # fmt: skip
+    return {}
+
+
+FAMILIES = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
+            "smollm3": _smollm3, "qwen3": _qwen3, "olmo2": _olmo2}  # fmt: skip

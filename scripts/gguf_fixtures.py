@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Make the GGUF fixtures of the families (tests/fixtures/families/): for each family a tiny
+random checkpoint built and saved by transformers' own classes (bfloat16 safetensors,
+config.json, a SentencePiece tokenizer.model trained here), converted to GGUF by
+llama.cpp's own converter (convert_hf_to_gguf.py of llama-cpp-python 0.3.36's source, which
+scripts/llama_cpp.sh keeps in the cache), --outtype bf16: the GGUF holds the very values
+the safetensors do. tests/integration/test_families_gguf.py holds llama-np reading either
+file to transformers reading the safetensors.
+
+Each config exercises its family's switches at odd shapes and keeps to what a GGUF can
+say (llama.cpp fills in what the file leaves out): query_pre_attn_scalar = head_dim,
+Gemma 2's rope_theta 10000, Gemma's default sliding-layer patterns (gemma3: 6 layers, the
+sixth global), SmolLM3's NoPE every fourth layer, no window on Qwen3 or Phi-3, OLMo 2 untied
+with head_dim = dim / heads, Granite's head_dim = dim / heads.
+
+OLMo 2's converter reads only a byte-level BPE tokenizer whose pre-tokenizer hash it knows
+(a real one: tens of thousands of tokens); for a tiny one its pre-tokenizer check
+(get_vocab_base_pre) is replaced by "gpt-2", and nothing else of the converter.
+
+    .venv/bin/python scripts/gguf_fixtures.py            # all families
+    .venv/bin/python scripts/gguf_fixtures.py gemma3     # one
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "families"
+VERSION = "0.3.36"
+VOCAB = 320
+SEED = 0
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+              num_key_value_heads=1, max_position_embeddings=256, rms_norm_eps=1e-6,
+              initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+              tie_word_embeddings=False)  # fmt: skip
+# family: (transformers' model class, its config class, the config's own fields)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(num_hidden_layers=2, head_dim=24,
+                                                       rope_theta=1e6)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        num_hidden_layers=3, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, rope_theta=10000.0,
+        tie_word_embeddings=True)),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        num_hidden_layers=6, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+        rope_theta=1e6, rope_local_base_freq=1e4, final_logit_softcapping=3.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, tie_word_embeddings=True)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        num_hidden_layers=2, hidden_size=96, partial_rotary_factor=0.75,
+        original_max_position_embeddings=128, tie_word_embeddings=True,
+        rope_scaling={"type": "longrope", "short_factor": [1 + 0.05 * i for i in range(9)],
+                      "long_factor": [1 + 0.7 * i for i in range(9)]})),
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, head_dim=24,
+                                                            rope_theta=5e5)),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(num_hidden_layers=2, rope_theta=5e5)),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=2, embedding_multiplier=6.0,
+        attention_multiplier=0.04, residual_multiplier=0.3, logits_scaling=4.0)),
+}  # fmt: skip
+CORPUS = [
+    "Once upon a time there was a little llama who lived in the mountains.",
+    "The quick brown fox jumps over the lazy dog 1234567890 times.",
+    "Gemma, Qwen, Phi, SmolLM, OLMo and Granite walk into a bar.",
+]
+
+
+def converter() -> Path:
+    cache = Path(os.environ.get("LLAMA_NP_CACHE", Path.home() / ".cache" / "llama-np"))
+    script = cache / f"llama.cpp-{VERSION}" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        sys.exit(f"gguf_fixtures.py: no {script}; run scripts/llama_cpp.sh first")
+    return script
+
+
+def tokenizer(directory: Path) -> Path:
+    """A SentencePiece BPE model of VOCAB pieces with byte fallback (what llama.cpp's
+    SentencePiece vocabulary reader wants), text kept as it is: no space added in front
+    (as Gemma's: its converter writes add_space_prefix false whatever the model says), no
+    spaces removed (as llama.cpp's tokenizer keeps them)."""
+    import sentencepiece as spm
+
+    (directory / "corpus.txt").write_text("\n".join(CORPUS * 40), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(directory / "corpus.txt"), model_prefix=str(directory / "tokenizer"),
+        vocab_size=VOCAB, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        normalization_rule_name="identity", add_dummy_prefix=False,
+        remove_extra_whitespaces=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )  # fmt: skip
+    return directory / "tokenizer.model"
+
+
+def byte_bpe(directory: Path) -> None:
+    """OLMo 2's: a byte-level BPE tokenizer.json of 256 byte tokens, one merge, <s>, </s>."""
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import byte_tokenizer
+
+    byte_tokenizer(directory, eos=True)
+    tok = json.loads((directory / "tokenizer.json").read_text())
+    tok["model"]["vocab"]["Ġt"] = 258
+    tok["model"]["merges"] = [["Ġ", "t"]]
+    (directory / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    cfg = json.loads((directory / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def checkpoint(family: str, directory: Path, sp_model: Path) -> None:
+    """The family's random model, saved by transformers in bfloat16; norms and biases
+    moved off their starting values so that a wrong one shows."""
+    import torch
+    import transformers
+
+    cls_name, cfg_name, fields = FAMILIES[family]
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **fields})
+    torch.manual_seed(SEED)
+    model = getattr(transformers, cls_name)(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or "bias" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    if family == "olmo2":
+        byte_bpe(directory)
+    else:
+        shutil.copy(sp_model, directory / "tokenizer.model")
+
+
+# llama.cpp's converter, its pre-tokenizer check replaced (OLMo 2's tiny tokenizer: the module
+# docstring says why)
+PATCHED = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+import convert_hf_to_gguf as conv
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+conv.main()
+"""
+
+
+def convert(family: str, directory: Path, out: Path, script: Path) -> None:
+    args = [str(directory), "--outfile", str(out), "--outtype", "bf16"]
+    if family == "olmo2":
+        cmd = [sys.executable, "-c", PATCHED, str(script.parent), *args]
+    else:
+        cmd = [sys.executable, str(script), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {
+        "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    if run.returncode:
+        sys.exit(f"{family}: the converter failed:\n{run.stderr[-3000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("families", nargs="*", default=list(FAMILIES))
+    a = ap.parse_args()
+    script = converter()
+    with tempfile.TemporaryDirectory() as tmp:
+        sp_model = tokenizer(Path(tmp))
+        for family in a.families:
+            work = Path(tmp) / family
+            checkpoint(family, work, sp_model)
+            dest = OUT / family
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            convert(family, work, dest / f"{family}.gguf", script)
+            for name in ("config.json", "model.safetensors", "tokenizer.model", "tokenizer.json",
+                         "tokenizer_config.json"):  # fmt: skip
+                if (work / name).exists():
+                    shutil.copy(work / name, dest / name)
+            size = sum(f.stat().st_size for f in dest.iterdir())
+            print(f"{family}: {dest} ({size / 1e3:.0f} kB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The families from GGUF files that llama.cpp's own converter made (tests/fixtures/families,
+scripts/gguf_fixtures.py), held to transformers reading the checkpoint they were made from:
+the metadata read as llama.cpp reads it, logits within float32 rounding on every kernel
+backend (prefill, decode token by token, both files), the same greedy tokens, and the
+tokenizer the file holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_np
+from tests.helpers import hf_greedy, hf_logits
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+FAMILIES = sorted(p.name for p in FIXTURES.iterdir())
+SEQ, TOL = 40, 1e-4
+
+
+def test_every_family_has_a_fixture():
+    assert FAMILIES == ["gemma2", "gemma3", "granite", "olmo2", "phi3", "qwen3", "smollm3"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    """(family, its directory, transformers' float32 model of its safetensors)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d = FIXTURES / request.param
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                               attn_implementation="eager")  # fmt: skip
+    return request.param, d, ref.eval()
+
+
+def ids(seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 320, SEQ).tolist()
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_the_gguf_gives_transformers_logits(family, kernels):
+    name, d, ref = family
+    seq = ids(1)
+    theirs = hf_logits(ref, seq)
+    for path in (d / f"{name}.gguf", d):  # llama.cpp's file, and the checkpoint itself
+        with llama_np.load(path, kernels=kernels) as llm:
+            assert llm.config.arch == name
+            np.testing.assert_allclose(llm.logits(seq), theirs, atol=TOL, rtol=0, err_msg=str(path))
+            cache = llm.new_cache(SEQ)
+            steps = np.stack([llm.step(t, cache) for t in seq])
+            np.testing.assert_allclose(steps, theirs, atol=TOL, rtol=0, err_msg=str(path))
+
+
+def test_greedy_tokens_identical(family):
+    name, d, ref = family
+    prompt = ids(2)[:8]
+    with llama_np.load(d / f"{name}.gguf", kernels="numba") as llm:
+        ours = llm.tokenize(llm.generate(prompt, n_predict=24, temp=0), bos=False)
+        stats = llama_np.generation.generate.Stats()
+        llm.generate(prompt, n_predict=24, temp=0, stats=stats)
+    assert stats.generated == hf_greedy(ref, prompt, 24), ours
+
+
+def test_the_metadata_reads_as_llama_cpp_reads_it():
+    """What each file says, or leaves to llama.cpp's defaults, in the Config."""
+    c = {f: llama_np.load(FIXTURES / f / f"{f}.gguf", kernels="numpy").config for f in FAMILIES}
+    assert (c["qwen3"].qk_norm, c["qwen3"].head_dim) == ("head", 24)
+    assert c["gemma2"].sliding_layers == (True, False, True)  # llama.cpp's pattern of 2
+    assert (c["gemma2"].attn_softcap, c["gemma2"].final_softcap) == (2.0, 3.0)
+    assert c["gemma2"].attn_scale == pytest.approx(24**-0.5)  # query_pre_attn_scalar: hd
+    g3 = c["gemma3"]
+    assert g3.sliding_layers == (True,) * 5 + (False,)  # 5 of 6
+    assert (g3.rope_local_theta, g3.rope_theta, g3.rope_scaling.factor) == (1e4, 1e6, 8.0)
+    assert (c["phi3"].rotary_dim, c["phi3"].rope_scaling.kind) == (18, "longrope")
+    assert c["smollm3"].rope_layers == (True, True, True, False)
+    assert (c["olmo2"].qk_norm, c["olmo2"].pre_norm, c["olmo2"].post_norm) == ("all", False, True)
+    gr = c["granite"]
+    assert (gr.embed_scale, gr.residual_scale, gr.logits_scaling) == (6.0, pytest.approx(0.3), 4.0)
+    assert gr.attn_scale == pytest.approx(0.04)
+
+
+def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
+    """As llama.cpp reads the file: Gemma's converter writes add_space_prefix false; the
+    others' write none, and llama.cpp's default for a SentencePiece vocabulary adds the
+    space (the tokenizer.model here adds none, so SentencePiece is given it)."""
+    import sentencepiece as spm
+
+    text = "Once upon a time, the lazy dog 1234 walked ünïcödé."
+    for f, prefix in (("gemma2", ""), ("qwen3", " "), ("phi3", " ")):
+        sp = spm.SentencePieceProcessor(model_file=str(FIXTURES / f / "tokenizer.model"))
+        tok = llama_np.load(FIXTURES / f / f"{f}.gguf", kernels="numpy").tokenizer
+        assert tok.encode(text, bos=False) == sp.encode(prefix + text), f
+        assert tok.decode(tok.encode(text, bos=False)) == text
+
+
+def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
+    """A GGUF file with an architecture's name and a few keys, no tensors to speak of."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    for key, value in keys.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("arch", "keys", "says"),
+    [
+        ("lfm2", {}, "unsupported GGUF architecture 'lfm2'"),
+        ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
+        ("llama", {"expert_count": 8}, "a mixture of experts (llama.expert_count = 8)"),
+    ],
+)
+def test_an_architecture_not_run_is_one_line_and_exit_2(tmp_path, capsys, arch, keys, says):
+    from llama_np.cli import main
+
+    path = header_only_gguf(tmp_path / "m.gguf", arch, **keys)
+    assert main(["generate", "-m", str(path), "-p", "hi", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "qwen3" in err and err.count("\n") == 1  # the supported ones
+
+
+def test_a_config_json_not_run_is_one_line_and_exit_2(tmp_path, capsys):
+    from llama_np.cli import main
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss", "hidden_size": 64}')
+    assert main(["generate", "-m", str(tmp_path), "-p", "hi", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported model_type 'gpt_oss'" in err and "gemma3" in err and err.count("\n") == 1
+
+
+def test_a_missing_tensor_is_named_as_the_gguf_names_it(tmp_path):
+    """A file without one of its family's tensors: the message names the GGUF's tensor
+    (blk.0.post_ffw_norm.weight), not a Hugging Face name."""
+    import gguf
+
+    src = gguf.GGUFReader(FIXTURES / "gemma2" / "gemma2.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "cut.gguf"), "gemma2")
+    for key, field in src.fields.items():
+        if key.startswith("gemma2.") or key.startswith("tokenizer.ggml.model"):
+            value = field.contents()
+            if isinstance(value, float):
+                w.add_float32(key, value)
+            elif isinstance(value, int):
+                w.add_uint32(key, value)
+            elif isinstance(value, str):
+                w.add_string(key, value)
+    for t in src.tensors:
+        if t.name != "blk.0.post_ffw_norm.weight":
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(llama_np.errors.LlamaNpError, match=r"'blk\.0\.post_ffw_norm\.weight'"):
+        llama_np.load(tmp_path / "cut.gguf", kernels="numpy")
