@@ -61,6 +61,7 @@ class Row:
     stream_tok_s: float  # one stream's decode rate, median
     tok_s: float  # aggregate, median over rounds
     tok_s_rounds: list[float] = field(default_factory=list)
+    ttft_rounds: list[float] = field(default_factory=list)  # ms, each round's median
     sol_tok_s: float | None = None  # C / the speed-of-light step
     measured_over_sol: float | None = None
     gbs: float | None = None  # the model's bytes per step x steps per second
@@ -162,7 +163,8 @@ def row(base: str, model: str, c: int, words: int, rounds: list) -> Row:
                1e3 * statistics.median(gaps) if gaps else float("nan"),
                1e3 * p90(gaps) if gaps else float("nan"),
                statistics.median(streams) if streams else float("nan"),
-               statistics.median(rates), rates)  # fmt: skip
+               statistics.median(rates), rates,
+               [1e3 * statistics.median(t.ttft for t in ts) for ts, _ in rounds])  # fmt: skip
 
 
 def p90(sorted_values: list[float]) -> float:

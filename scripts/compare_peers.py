@@ -168,20 +168,30 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
 NATIVE = {"smollm2-135m": "Q4_1", "qwen2.5-coder-0.5b": "Q4_K_M"}  # llama.cpp's labels
 
 
-def specs(native: str, kernels: list[str]) -> list[tuple]:
-    """The engines; the first, llama-np's first kernels in f32, is the base of the ratios.
-    numba-int8 / numba-int16 run only the formats they multiply in integers (f32 is
-    numba-f32's)."""
+FORMATS = ["f32", "q8_0", "q4_0", "stored"]
+
+
+def specs(native: str, kernels: list[str], formats: list[str] = FORMATS) -> list[tuple]:
+    """The engines; the first, llama-np's first kernels in its first format (f32 unless
+    `formats` leaves it out), is the base of the ratios. numba-int8 / numba-int16 run only
+    the formats they multiply in integers (f32 is numba-f32's). `formats`: llama-np's
+    (stored: as the file holds it), and llama.cpp's F32 and Q8_0 files where named (its
+    native file always); transformers only with f32."""
     from quant.backends import numba_importable
 
     if not numba_importable():
         print("compare_peers: numba is not installed, only the NumPy kernels", file=sys.stderr)
         kernels = ["numpy"]
-    ours = [(k, w) for k in kernels for w in ("f32", "q8_0", "q4_0", None)  # None: as stored
+    weights = [None if f == "stored" else f for f in formats]  # None: as stored
+    ours = [(k, w) for k in kernels for w in weights
             if not (k in ("numba-int8", "numba-int16") and w == "f32")]  # fmt: skip
     out: list[tuple] = [("llama-np", spec) for spec in ours]
-    for module, spec in [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32")),
-                         ("llama_cpp", ("llama.cpp", "Q8_0")), ("llama_cpp", ("llama.cpp", native))]:  # fmt: skip
+    peers = [("llama_cpp", ("llama.cpp", native))]
+    if "f32" in formats:
+        peers[:0] = [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32"))]
+    if "q8_0" in formats:
+        peers.insert(-1, ("llama_cpp", ("llama.cpp", "Q8_0")))
+    for module, spec in peers:
         try:
             __import__(module)
         except ImportError:
@@ -195,7 +205,7 @@ def start_engines(args, path: Path, work: Path, ids: list[int]) -> list[tuple]:
     """Each engine in its own process, loaded once: (name, connection, process, bytes)."""
     ctx = mp.get_context("spawn")  # a clean interpreter per engine
     engines = []
-    for spec in specs(NATIVE.get(args.model, "as stored"), args.kernels.split(",")):
+    for spec in specs(NATIVE.get(args.model, "as stored"), args.kernels.split(","), args.formats):
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(
             target=serve, args=(theirs, spec, path, work, args.threads, ids), daemon=True
@@ -246,7 +256,8 @@ def table(results: dict, sizes: dict) -> str:
     return "\n".join(lines)
 
 
-def run(model: str, threads: int, rounds: int, kernels: str, work: Path | None = None) -> dict:
+def run(model: str, threads: int, rounds: int, kernels: str, work: Path | None = None,
+        formats: list[str] = FORMATS) -> dict:  # fmt: skip
     """Every engine on the model's file, in interleaved rounds: {"machine", "model", "file",
     "threads", "rounds": {engine: [[prefill tok/s, decode ms], ...]}, "bytes_per_token"}."""
     machine = machine_id(threads)  # before a peer's import loads its own OpenMP
@@ -256,7 +267,7 @@ def run(model: str, threads: int, rounds: int, kernels: str, work: Path | None =
     text = (Path(__file__).resolve().parents[1] / "data" / "gpl-3.0.txt").read_text()
     with llama_np.load(path, threads=1) as llm:
         ids = llm.tokenize(text, bos=False)[:PROMPT_TOKENS]
-    args = argparse.Namespace(model=model, threads=threads, kernels=kernels)
+    args = argparse.Namespace(model=model, threads=threads, kernels=kernels, formats=formats)
     results, sizes = run_rounds(start_engines(args, path, work, ids), rounds)
     return {"machine": machine, "model": model, "file": path.name, "threads": threads,
             "rounds": results, "bytes_per_token": sizes}  # fmt: skip
@@ -278,8 +289,8 @@ def main() -> None:
     )
     ap.add_argument("--batch", help="B1,B2,...: batched decode throughput against llama.cpp "
                     "instead (scripts/peers_batch.py)")  # fmt: skip
-    ap.add_argument("--formats", default="f32,q8_0,stored",
-                    help="with --batch: llama-np formats, each against llama.cpp's (default: %(default)s)")  # fmt: skip
+    ap.add_argument("--formats", default=None,
+                    help="llama-np formats, each against llama.cpp's (default: f32,q8_0,q4_0,stored; with --batch f32,q8_0,stored)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=16, help="with --batch: timed steps per B")
     args = ap.parse_args()
     work = Path(args.work) if args.work else None
@@ -287,11 +298,13 @@ def main() -> None:
         import peers_batch
 
         batches = [int(b) for b in args.batch.split(",")]
-        out = peers_batch.compare(args.model, args.threads, batches, args.formats.split(","),
-                                  args.rounds, args.steps, work)  # fmt: skip
+        formats = (args.formats or "f32,q8_0,stored").split(",")
+        out = peers_batch.compare(args.model, args.threads, batches, formats, args.rounds,
+                                  args.steps, work)  # fmt: skip
         print(peers_batch.table(out))
     else:
-        out = run(args.model, args.threads, args.rounds, args.kernels, work)
+        formats = args.formats.split(",") if args.formats else FORMATS
+        out = run(args.model, args.threads, args.rounds, args.kernels, work, formats)
         print(table(out["rounds"], out["bytes_per_token"]))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""`llama-np serve` against llama-cpp-python's OpenAI-compatible server on the same GGUF and
-threads, both driven by `bench --endpoint` (bench/endpoint.py) at each concurrency: time to
-first token, inter-token latency, aggregate tok/s. One server runs at a time (2 cores);
-rounds interleave concurrencies within a server. Also what the server's decode steps ran
-at (its /metrics) beside `bench --batch B` of the same model, the cost of HTTP and
-scheduling.
+"""`llama-np serve` against llama.cpp's own server, `llama-server` (C++, continuous batching,
+built for this CPU by scripts/llama_cpp.sh from llama-cpp-python's source), on the same
+GGUF, threads and slots, both driven by `bench --endpoint` (bench/endpoint.py) at each
+concurrency: time to first token, inter-token latency, aggregate tok/s. llama-cpp-python's
+Python server (one request at a time) can be a row too (--peers). One server runs at a
+time (2 cores); rounds interleave concurrencies within a server. Also what llama-np's
+decode steps ran at (its /metrics) beside `bench --batch B` of the same model, the cost of
+HTTP and scheduling.
 
     .venv/bin/python scripts/peers_serve.py smollm2-135m --concurrency 1,4,16
+    .venv/bin/python scripts/peers_serve.py qwen2.5-coder-0.5b --peers llama-server,llama-cpp-python
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def ours(path: Path, threads: int, slots: int, port: int) -> list[str]:
             str(slots), "-c", "1024", "--port", str(port)]  # fmt: skip
 
 
+def llama_server(path: Path, threads: int, slots: int, port: int) -> list[str]:
+    # each slot 1024 positions of the shared (unified) KV pool, as llama-np's -c 1024 each
+    binary = Path(sys.executable).parent / "llama-server"
+    return [str(binary), "-m", str(path), "-t", str(threads), "-tb", str(threads), "-np",
+            str(slots), "-c", str(1024 * slots), "--host", "127.0.0.1", "--port", str(port),
+            "--no-webui"]  # fmt: skip
+
+
 def theirs(path: Path, threads: int, slots: int, port: int) -> list[str]:
     # llama-cpp-python 0.3.36 built for this CPU (scripts/llama_cpp.sh); its server runs
     # one request at a time. By default it cuts a running stream short whenever another
@@ -84,14 +95,21 @@ def metrics_steps(base: str) -> dict[str, dict[str, float]]:
     return out
 
 
+SERVERS = {"llama-np serve": ours, "llama-server": llama_server,
+           "llama-cpp-python server": theirs}  # fmt: skip
+PEERS = ("llama-server",)
+
+
 def compare(model: str, threads: int, concurrency: list[int], rounds: int, n: int,
-            prompt: int) -> dict:  # fmt: skip
+            prompt: int, peers: tuple[str, ...] = PEERS) -> dict:  # fmt: skip
+    """llama-np serve, then each peer (SERVERS' names): their rows, and llama-np's steps."""
     from llama_np.io.hub import resolve_model
 
     path = resolve_model(model)
     out = {"model": model, "file": path.name, "threads": threads, "concurrency": concurrency,
            "rounds": rounds, "n": n, "prompt": prompt, "servers": {}}  # fmt: skip
-    for name, command in (("llama-np serve", ours), ("llama-cpp-python server", theirs)):
+    for name in ("llama-np serve", *peers):
+        command = SERVERS[name]
         port = free_port()
         base = f"http://127.0.0.1:{port}/v1"
         proc = start(command(path, threads, max(concurrency), port), base)
@@ -132,21 +150,31 @@ def steps_line(d: dict) -> str:
     return "Against `llama-np bench --batch` of the same file: " + "; ".join(parts) + "."
 
 
-def ratio(d: dict, c: int) -> float:
-    """Aggregate tok/s, llama-np over llama.cpp at concurrency c: median of per-round ratios
-    (round r of one server against round r of the other)."""
-    ours_r, theirs_r = (next(r for r in s["rows"] if r["concurrency"] == c)["tok_s_rounds"]
-                        for s in d["servers"].values())  # fmt: skip
+def peer_of(d: dict) -> str:
+    """The first server beside llama-np's (llama-server; llama-cpp-python's in older runs)."""
+    return next(n for n in d["servers"] if not n.startswith("llama-np"))
+
+
+def ratio(d: dict, c: int, peer: str | None = None, key: str = "tok_s_rounds") -> float:
+    """llama-np over `peer` (default: peer_of) at concurrency c, the median of per-round
+    ratios (round r of one server against round r of the other): aggregate tok/s, or (key
+    ttft_rounds) time to first token."""
+    peer = peer or peer_of(d)
+    ours_r, theirs_r = (next(r for r in d["servers"][name]["rows"] if r["concurrency"] == c)[key]
+                        for name in ("llama-np serve", peer))  # fmt: skip
     return statistics.median(a / b for a, b in zip(ours_r, theirs_r, strict=True))
 
 
 def table(d: dict) -> str:
     lines = ["| server | C | gen tok / request | TTFT ms median (p90) | ITL ms median (p90) | "
-             "aggregate tok/s | llama-np / llama.cpp |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "aggregate tok/s | llama-np / this: tok/s, TTFT |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, s in d["servers"].items():
         for r in s["rows"]:
             c = r["concurrency"]
-            x = f"{ratio(d, c):.2f}x" if name.startswith("llama-np") else ""
+            x = "" if name.startswith("llama-np") else f"{ratio(d, c, name):.2f}x"
+            if not name.startswith("llama-np") and "ttft_rounds" in r:
+                x += f", {ratio(d, c, name, 'ttft_rounds'):.2f}x"
             lines.append(f"| {name} | {c} | {r['tokens']:.0f} | {r['ttft_ms']:.0f} "
                          f"({r['ttft_p90_ms']:.0f}) | {r['itl_ms']:.1f} ({r['itl_p90_ms']:.1f}) | "
                          f"{r['tok_s']:.1f} | {x} |")  # fmt: skip
@@ -161,9 +189,11 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-p", "--prompt", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"servers beside llama-np's, of {', '.join(list(SERVERS)[1:])}")  # fmt: skip
     a = ap.parse_args()
     d = compare(a.model, a.threads, [int(c) for c in a.concurrency.split(",")], a.rounds, a.n,
-                a.prompt)  # fmt: skip
+                a.prompt, tuple(a.peers.split(",")))  # fmt: skip
     print(table(d))
 
 

@@ -35,8 +35,8 @@ from quant.host import usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "perplexity",
-            "published"]  # fmt: skip
+SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "families",
+            "perplexity", "published"]  # fmt: skip
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
 
@@ -218,6 +218,54 @@ def render_serve(data: dict, plots: Path) -> str:
     return "\n".join(out)
 
 
+# one preset per family (llama-3.2-1b: the llama path beside them), synthetic weights;
+# and the presets llama.cpp runs beside llama-np on files its converter made
+FAMILY_PRESETS = ["llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b", "phi-4-mini", "smollm3-3b",
+                  "olmo-2-1b", "granite-3.3-2b"]  # fmt: skip
+FAMILY_PEERS = ["qwen3-0.6b", "gemma-3-1b", "phi-4-mini"]
+
+
+def measure_families(ctx: argparse.Namespace) -> dict:
+    """Each family's preset at q8_0 and q4_0 (random weights), one sequence, held against
+    its speed of light (the probe measured again beside it); and llama-np against llama.cpp
+    on Q8_0 and Q4_K_M files of random weights at real shapes (scripts/families.py)."""
+    import families
+
+    presets = FAMILY_PRESETS[:2] if ctx.quick else FAMILY_PRESETS
+    rows, probe = [], ctx.probe
+    for preset in presets:
+        sw = validate_sol.Sweep(f"synthetic:{preset}", "numba", ["q8_0", "q4_0"], (0,))
+        for weights in sw.weights:
+            settings = validate_sol.Settings(8, 16, (0,), 3)
+            got, probe = validate_sol.sweep(sw, weights, settings, probe, ctx.threads)
+            rows += got
+    peers, batches = {}, [1, 16]
+    for preset in FAMILY_PEERS[:1] if ctx.quick else FAMILY_PEERS:
+        peers[preset] = families.compare(preset, 2 if ctx.quick else 3, batches, ctx.threads)
+    return {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows],
+            "peers": peers}  # fmt: skip
+
+
+def render_families(data: dict, plots: Path) -> str:
+    import compare_peers
+    import peers_batch
+
+    out = ["One sequence of each family's preset, random weights in q8_0 and q4_0 (`llama-np "
+           "bench -m synthetic:PRESET --weights W -p 8 -n 16 -r 3`, compiled kernels, int16 x), "
+           "held against its speed of light; llama-3.2-1b is the llama path beside them:", "",
+           validate_sol.markdown(rows_of(data)), "",
+           "Against llama.cpp on the same files (random weights at the preset's shape, made by "
+           "llama.cpp's converter, Q4_K_M by its quantizer; `scripts/families.py`), llama-np "
+           "as stored: one sequence (prefill of 128 tokens, decode), and batched decode:", ""]  # fmt: skip
+    for preset, files in data["peers"].items():
+        for kind, d in files.items():
+            one = d["one"]
+            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
+                    compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
+                    peers_batch.table(d["batch"]), ""]  # fmt: skip
+    return "\n".join(out)
+
+
 PPL_TEXT = ROOT / "data" / "gpl-3.0.txt"
 
 
@@ -268,7 +316,8 @@ TITLES = {
     "batching": "Batches: where decode turns compute-bound",
     "peers": "Against llama.cpp and transformers, one sequence",
     "peers-batch": "Against llama.cpp, batched decode",
-    "serve": "Serving over HTTP: `llama-np serve` against llama-cpp-python's server",
+    "serve": "Serving over HTTP: `llama-np serve` against llama.cpp's `llama-server`",
+    "families": "The families: each at its speed of light, and against llama.cpp",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
 }
@@ -315,7 +364,7 @@ def readme_block(results: dict) -> str:
         for model, d in results["serve"]["data"].items():
             c = d["concurrency"][-1]
             lines.append(f"| {model} as stored, {c} concurrent streams: aggregate tok/s, llama-np "
-                         f"serve / llama-cpp-python's server | {peers_serve.ratio(d, c):.2f}x | "
+                         f"serve / {peers_serve.peer_of(d)} | {peers_serve.ratio(d, c):.2f}x | "
                          f"{where('serve', 'serving over HTTP')} |")  # fmt: skip
     if "validation" in results:
         rows = rows_of(results["validation"]["data"])

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate every figure of the README and docs/results.md on this machine: installs the
 # project with every extra (numba, matplotlib, transformers and torch for the peers),
-# llama.cpp built for this CPU (scripts/llama_cpp.sh) with its server's packages and the two
-# real models, then runs
+# llama.cpp built for this CPU (scripts/llama_cpp.sh: its Python binding, llama-server,
+# llama-quantize and its converter's source) and the two real models, then runs
 # scripts/results.py (its arguments: --quick, --only SECTIONS, --render).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,9 +12,6 @@ case " $* " in
     *" --render "*) ;;
     *)
         scripts/llama_cpp.sh
-        # llama-cpp-python's OpenAI server (the serve section's peer), its own pins
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check fastapi sse-starlette \
-            pydantic-settings 'starlette-context>=0.3.6,<0.4'
         "$VENV/bin/llama-np" pull smollm2-135m >/dev/null
         "$VENV/bin/llama-np" pull qwen2.5-coder-0.5b >/dev/null
         ;;

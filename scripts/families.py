@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The families at their real shapes against llama.cpp, on the same GGUF files: for each
+preset, a checkpoint of random weights made by transformers' own classes (bfloat16, a tiny
+SentencePiece tokenizer that llama.cpp's converter pads to the vocabulary), converted by
+llama.cpp's converter to Q8_0 (`--outtype q8_0`) and, through F16, quantized by llama.cpp's
+own quantizer to Q4_K_M (`llama-quantize`). The files are kept in the cache
+($LLAMA_NP_CACHE/families/PRESET/), made once. Then, per file, llama-np (as stored) and
+llama.cpp (llama-cpp-python, built for this CPU) side by side in interleaved rounds: one
+sequence (prefill of 128 tokens, decode), and batched decode at each B.
+
+    .venv/bin/python scripts/families.py qwen3-0.6b gemma-3-1b --rounds 3 --batch 1,16
+    .venv/bin/python scripts/families.py --make-only phi-4-mini
+
+Needs scripts/llama_cpp.sh (the converter's source and llama-quantize in its build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "0.3.36"
+CACHE = Path(os.environ.get("LLAMA_NP_CACHE", Path.home() / ".cache" / "llama-np"))
+SRC = CACHE / f"llama.cpp-{VERSION}"
+CONVERT = SRC / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+QUANTIZE = SRC / "build-server" / "bin" / "llama-quantize"
+# a preset's transformers classes (the config from the preset's own config.json fields)
+CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+           "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
+           "phi3": ("Phi3ForCausalLM", "Phi3Config"), "llama": ("LlamaForCausalLM", "LlamaConfig"),
+           "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config"),
+           "olmo2": ("Olmo2ForCausalLM", "Olmo2Config"),
+           "granite": ("GraniteForCausalLM", "GraniteConfig")}  # fmt: skip
+FILES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}
+
+
+def hf_config(preset: str) -> tuple[str, object]:
+    """The preset as a transformers config (its config.json, as llama_arch writes it)."""
+    import transformers
+
+    from llama_arch import PRESETS, config_to_hf
+
+    d = config_to_hf(PRESETS[preset])
+    d.pop("architectures", None)
+    d.pop("torch_dtype", None)
+    model_cls, cfg_cls = CLASSES[PRESETS[preset].arch]
+    d.pop("model_type")
+    return model_cls, getattr(transformers, cfg_cls)(**d)
+
+
+def checkpoint(preset: str, directory: Path) -> None:
+    """Random weights of the preset's shape, saved in bfloat16, and a tokenizer."""
+    import sentencepiece as spm
+    import torch
+    import transformers
+
+    model_cls, cfg = hf_config(preset)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = getattr(transformers, model_cls)._from_config(cfg, torch_dtype=torch.bfloat16)
+    model.save_pretrained(directory, safe_serialization=True)
+    del model
+    text = directory / "corpus.txt"
+    text.write_text(open(ROOT / "data" / "gpl-3.0.txt").read(), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=1000,
+        model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2,
+    )  # fmt: skip
+
+
+def run(cmd: list[str]) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"families.py: {' '.join(cmd[:3])} failed:\n{r.stderr[-3000:]}")
+
+
+def make(preset: str) -> dict[str, Path]:
+    """The preset's Q8_0 and Q4_K_M files (made once, kept in the cache)."""
+    out = CACHE / "families" / preset
+    paths = {k: out / f"{preset}-{v}.gguf" for k, v in FILES.items()}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    for tool in (CONVERT, QUANTIZE):
+        if not tool.is_file():
+            sys.exit(f"families.py: no {tool}; run scripts/llama_cpp.sh first")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        hf = Path(tmp) / preset
+        print(f"families.py: {preset}: a random checkpoint", file=sys.stderr)
+        checkpoint(preset, hf)
+        py = sys.executable
+        print(f"families.py: {preset}: converting", file=sys.stderr)
+        run([py, str(CONVERT), str(hf), "--outfile", f"{paths['q8_0']}.part", "--outtype", "q8_0"])
+        f16 = Path(tmp) / "f16.gguf"
+        run([py, str(CONVERT), str(hf), "--outfile", str(f16), "--outtype", "f16"])
+        shutil.rmtree(hf)
+        run([str(QUANTIZE), str(f16), f"{paths['q4_k_m']}.part", "Q4_K_M", "2"])
+    for p in paths.values():
+        os.replace(f"{p}.part", p)
+    return paths
+
+
+def compare(preset: str, rounds: int, batches: list[int], threads: int) -> dict:
+    """llama-np as stored against llama.cpp on both files: one sequence (compare_peers)
+    and batched decode (peers_batch)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import compare_peers
+    import peers_batch
+
+    out = {}
+    for kind, path in make(preset).items():
+        one = compare_peers.run(str(path), threads, rounds, "numba", formats=["stored"])
+        many = peers_batch.compare(str(path), threads, batches, ["stored"], rounds, 8)
+        out[kind] = {"one": one, "batch": many}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("presets", nargs="+")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", default="1,16")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--make-only", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    results = {}
+    for preset in a.presets:
+        if a.make_only:
+            print(make(preset))
+            continue
+        results[preset] = compare(preset, a.rounds, [int(b) for b in a.batch.split(",")], a.threads)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
