@@ -153,7 +153,8 @@ def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
         return Transformers(path, threads, config)
     native = arg not in ("F32", "Q8_0")
     gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
-    return LlamaCpp(gguf, f"{arg} (as stored)" if native else arg, threads, config)
+    label = arg if arg == "as stored" else f"{arg} (as stored)" if native else arg
+    return LlamaCpp(gguf, label, threads, config)
 
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int]) -> None:
