@@ -191,8 +191,9 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     est = _estimate(config, f, s, depth, batch)
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
+    window = s.window if s.window is not None else config.sliding_window  # shown: the model's
     row = Row(
-        config.name, f.kernels, weights_label(f.weights), f.head, f.kv, s.window, depth,
+        config.name, f.kernels, weights_label(f.weights), f.head, f.kv, window, depth,
         prefill_tok_s=statistics.median(r[0] for r in rounds),
         decode_ms=decode_ms, decode_ms_min=min(ms), decode_ms_max=max(ms),
         bytes_per_token=measured, sol_bytes_per_token=est.bytes_per_token, gbs=gbs,

@@ -237,7 +237,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = []
     for kernels in args.kernels:  # one table, a backend after the other
         with bench_model(args, threads, kernels) as model:
-            window = args.window if args.window is not None else model.config.sliding_window
+            window = args.window  # None: the model's own, per layer
             s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
                          profile=args.profile, batch=args.batch)  # fmt: skip
             dec = Decoder(model, args.kv, args.window, capacity=args.prompt + args.n_predict + 1)

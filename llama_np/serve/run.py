@@ -62,7 +62,7 @@ def serve(args: argparse.Namespace) -> int:
     llm = load_model(args)
     with llm:
         ctx = min(args.ctx_size or 2048, llm.config.max_seq_len)
-        window = args.window if args.window is not None else llm.config.sliding_window
+        window = args.window  # None: the model's own, per layer
         check_batch_fits(llm.model, args.parallel, ctx, window, args.kv)
         engine = Engine(llm, args.parallel, ctx, args.kv, window, args.chunk, args.max_queue)
         engine.warm_up()
