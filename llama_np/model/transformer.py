@@ -102,6 +102,7 @@ class Transformer:
         self.weights = weights
         self.backend = backend or numpy_backend()
         self.meter = meter or Meter()
+        self._freqs: dict[tuple[str, bool], np.ndarray] = {}  # RoPE's, by kind (_inv_freq)
         self.ops = ops_for(self.backend)
         self._seam = Seam(self.config, self.ops, self.meter)
         self._profiled = Profiled(self.config, self.ops, self.meter)
@@ -191,9 +192,13 @@ class Transformer:
             out.append(kinds[kind])
         return out
 
-    @functools.cache  # noqa: B019 (the model lives as long as its inverse frequencies)
     def _inv_freq(self, kind: str, long: bool) -> np.ndarray:
-        return rope_inv_freq(self.config, kind, long)
+        """rope_inv_freq, once per kind for this model (a per-model dict: functools.cache on
+        a method would keep every model alive)."""
+        key = (kind, long)
+        if key not in self._freqs:
+            self._freqs[key] = rope_inv_freq(self.config, kind, long)
+        return self._freqs[key]
 
     @functools.cached_property
     def block_reads(self) -> dict[str, int]:
