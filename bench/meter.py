@@ -26,6 +26,8 @@ class Step:
     writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     wall: float = 0.0  # seconds from begin to end
+    experts: list[int] = field(default_factory=list)  # a mixture of experts: the distinct
+    # experts each layer read, in layer order (every token's k, the batch's union)
 
     @property
     def bytes_read(self) -> int:
@@ -58,6 +60,10 @@ class Meter:
 
     def write(self, category: str, nbytes: int) -> None:
         self._step.writes[category] += nbytes
+
+    def experts(self, n: int) -> None:
+        """A mixture-of-experts layer read n distinct experts in this step."""
+        self._step.experts.append(n)
 
     def lap(self, category: str, t0: float) -> None:
         """Add the time since t0 (a time.perf_counter() value) to `category`."""

@@ -78,8 +78,17 @@ BATCH_COLUMNS = [
 ]
 
 
+# a mixture of experts: the distinct experts a layer read per step, measured (mean) and
+# the speed-of-light model's expectation, n (1 - (1 - k / n)^B)
+EXPERTS = (
+    "experts/layer (SOL)",
+    lambda r: "-" if r.experts is None else f"{r.experts:.2f} ({r.sol_experts:.2f})",
+)
+
+
 def columns(rows: list[Row]) -> list:
-    return BATCH_COLUMNS if any(r.batched for r in rows) else COLUMNS
+    cols = BATCH_COLUMNS if any(r.batched for r in rows) else COLUMNS
+    return [*cols, EXPERTS] if any(r.experts is not None for r in rows) else cols
 
 
 def cells(rows: list, cols: list | None = None) -> list[list[str]]:

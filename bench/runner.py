@@ -23,7 +23,7 @@ from llama_arch import Config
 from .devices import Device
 from .meter import CATEGORIES, Meter
 from .probe import Probe
-from .sol import Estimate, estimate, weights_label
+from .sol import Estimate, estimate, experts_read, weights_label
 
 
 class Variant(NamedTuple):
@@ -113,6 +113,11 @@ class Row:
     ridge_batch: float | None = None  # B*: the batch beyond which the step is compute-bound
     working_set: int = 0  # bytes a step streams (the speed-of-light model's): where on the
     # probe's curve the attainable bandwidth is read
+    experts: float | None = None  # a mixture of experts: distinct experts a layer read per
+    # step, the mean measured (the batch's union of its tokens' choices)
+    sol_experts: float | None = None  # ... and the uniform-routing expectation
+    experts_by_layer: list[float] = field(default_factory=list)  # the mean per layer, which
+    # the row's speed of light counts: each row is held against the bytes it read
 
 
 def rss_mb() -> float:
@@ -188,7 +193,9 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     ms = [r[1] for r in rounds]
     steps = [st for r in rounds for st in r[2]]
     measured = statistics.fmean(st.bytes_read for st in steps)
-    est = _estimate(config, f, s, depth, batch)
+    used = [statistics.fmean(st.experts[i] for st in steps) for i in range(config.n_layers)
+            ] if config.n_experts > 1 else []  # fmt: skip
+    est = _estimate(config, f, s, depth, batch, used)
     decode_ms = statistics.median(ms)
     gbs = measured / decode_ms / 1e6
     window = s.window if s.window is not None else config.sliding_window  # shown: the model's
@@ -202,6 +209,9 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
         batch=batch, batched=bool(s.batch), step_ms=decode_ms, tok_s=1e3 * batch / decode_ms,
         bytes_per_step=measured, flops_per_step=est.flops, working_set=est.bytes_per_token,
     )  # fmt: skip
+    if used:
+        row.experts, row.experts_by_layer = statistics.fmean(used), used
+        row.sol_experts = experts_read(config, batch)
     if probe is not None:
         hold(row, est, probe, f)
     if device is not None:
@@ -211,11 +221,13 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
     return row
 
 
-def _estimate(config: Config, f: Variant, s: Settings, depth: int, batch: int) -> Estimate:
-    """The speed-of-light model's step at the middle of a row's timed steps."""
+def _estimate(config: Config, f: Variant, s: Settings, depth: int, batch: int,
+              experts: list[float] | None = None) -> Estimate:  # fmt: skip
+    """The speed-of-light model's step at the middle of a row's timed steps (a mixture of
+    experts: the experts per layer the steps read, on average)."""
     mid = depth + (0 if s.batch else s.prompt) + (s.warmup + s.n) // 2
     return estimate(config, f.weights, f.kv, pos=mid, window=s.window, head=f.head, embed=f.embed,
-                    kernels=f.backend, batch=batch)  # fmt: skip
+                    kernels=f.backend, batch=batch, experts=experts or None)  # fmt: skip
 
 
 BEATEN = 0.97  # measured / SOL below this: the row ran faster than its bound beyond noise
@@ -242,7 +254,8 @@ def rehold(rows: list[Row], dec: Decoder, s: Settings, probe: Probe) -> None:
     """Hold rows that run(dec, s) made against another probe (one measured again beside
     them: bench.probe.reprobe)."""
     for row in rows:
-        hold(row, _estimate(dec.config, dec.variant, s, row.depth, row.batch), probe, dec.variant)
+        est = _estimate(dec.config, dec.variant, s, row.depth, row.batch, row.experts_by_layer)
+        hold(row, est, probe, dec.variant)
 
 
 def _profile(steps: list) -> dict[str, dict[str, float]]:

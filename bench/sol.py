@@ -50,6 +50,8 @@ class Estimate:
     engine: bool = True  # matrices counted as llama-np stores them (else: at rest)
     kernels: str = "numpy"  # the backend whose in-memory layout `engine` counts
     batch: int = 1  # sequences stepped together: one token each, every weight read once
+    expert_bytes: int = 0  # a mixture of experts: one expert's MLP in every layer, bytes
+    expert_reads: int = 0  # ... and the bytes of the experts counted in `reads`
 
     @property
     def per_sequence_bytes(self) -> int:
@@ -60,11 +62,33 @@ class Estimate:
         """B*, the batch at which the step turns compute-bound: the weights' time
         (read once per step) equals the arithmetic's time, less what every sequence adds
         in bytes. B* = (W / bw) / (F1 / peak - V1 / bw), F1 and V1 per sequence; infinite
-        when one sequence's bytes take longer than its arithmetic."""
+        when one sequence's bytes take longer than its arithmetic. A mixture of experts'
+        W grows with B (the experts the batch reads, experts_read): B* where the two
+        times meet, found by bisection."""
+        if self.expert_bytes:
+            return self._moe_ridge(bandwidth, peak_flops)
         fixed = (self.bytes_per_token - self.per_sequence_bytes) / bandwidth
         per_seq = self.flops / self.batch / peak_flops
         per_seq -= self.per_sequence_bytes / self.batch / bandwidth
         return fixed / per_seq if per_seq > 0 else float("inf")
+
+    def _moe_ridge(self, bandwidth: float, peak_flops: float) -> float:
+        other = self.bytes_per_token - self.per_sequence_bytes - self.expert_reads
+        v1, f1 = self.per_sequence_bytes / self.batch, self.flops / self.batch
+
+        def memory_ahead(b: float) -> bool:  # the step at batch b is still memory-bound
+            w = other + experts_read(self.config, b) * self.expert_bytes
+            return (w + b * v1) / bandwidth > b * f1 / peak_flops
+
+        lo, hi = 0.0, 1.0
+        while memory_ahead(hi):
+            lo, hi = hi, 2 * hi
+            if hi > 1e9:
+                return float("inf")
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if memory_ahead(mid) else (lo, mid)
+        return hi
 
     @property
     def weight_bytes(self) -> int:
@@ -167,6 +191,7 @@ def estimate(
     embed: str | None = None,
     kernels: str = "numpy",
     batch: int = 1,
+    experts: list[float] | None = None,
 ) -> Estimate:
     """Bytes and FLOPs of the decode step of the token at `pos` (0-based). `weights`: the
     layers' format, or per layer a format per matrix (ROLES), as a GGUF file mixes them;
@@ -175,7 +200,8 @@ def estimate(
     count matrices and the KV cache as the `kernels` backend ("numpy" or "numba") lays
     them out in memory; False counts the formats' own sizes. `batch`: one decode step of
     that many sequences, all at `pos`: weights and norms read once, an embedding row and
-    the KV cache per sequence, B times the FLOPs."""
+    the KV cache per sequence, B times the FLOPs. `experts`: a mixture of experts' distinct
+    experts per layer as a step read them (the meter's count), for the expected number."""
     s = config
     plan = [dict.fromkeys(ROLES, weights)] * s.n_layers if isinstance(weights, str) else weights
     if len(plan) != s.n_layers or (not isinstance(weights, str) and head is None):
@@ -188,7 +214,8 @@ def estimate(
     for i in range(s.n_layers):
         w = s.layer_window(i, window)
         layer_keys.append(pos + 1 if w is None else min(pos + 1, w))
-    reads = _weight_reads(s, plan, head, embed, lambda f: matrix_bytes(f, engine, kernels), batch)
+    nbytes = lambda f: matrix_bytes(f, engine, kernels)  # noqa: E731
+    reads, expert_bytes, expert_reads = _weight_reads(s, plan, head, embed, nbytes, batch, experts)
     store = kv_store_class(kv)
     slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
@@ -200,7 +227,7 @@ def estimate(
     writes = batch * s.n_layers * 2 * slot
     label = weights_label(weights)
     return Estimate(s, label, head, kv, pos, max(layer_keys), total, read, reads, writes, flops,
-                    engine, kernels, batch)  # fmt: skip
+                    engine, kernels, batch, expert_bytes, expert_reads)  # fmt: skip
 
 
 def norm_floats(s: Config) -> int:
@@ -213,26 +240,33 @@ def norm_floats(s: Config) -> int:
 def _weight_reads(
     s: Config, plan: list[dict[str, str]], head: str, embed: str,
     nbytes: Callable[[str], Callable[[tuple[int, int]], int]], batch: int = 1,
-) -> dict[str, int]:  # fmt: skip
+    experts: list[float] | None = None,
+) -> tuple[dict[str, int], int, int]:  # fmt: skip
     """Bytes per meter category of everything but the KV cache, for a step of `batch`
-    sequences: every matrix of every layer (the experts the batch's tokens use, expected,
-    and the router), the LM head, an embedding row per sequence, norms."""
+    sequences: every matrix of every layer (of a mixture of experts: the router, float32
+    as llama.cpp keeps it, and the experts the batch's tokens use, expected or `experts`
+    counted per layer), the LM head, an embedding row per sequence, norms; and of a
+    mixture of experts, one expert's bytes in all layers and those of the experts counted."""
     dims = layer_matrices(s)
     bias = 4 * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
 
     def layer_bytes(fmts: dict[str, str], roles: tuple[str, ...]) -> int:
         return sum(nbytes(fmts[r])(dims[r]) for r in roles)
 
-    router = sum(nbytes(f["w_gate"])((s.n_experts, s.dim)) for f in plan) if s.n_experts > 1 else 0
+    router = s.n_layers * nbytes("f32")((s.n_experts, s.dim)) if s.n_experts > 1 else 0
     reads = dict.fromkeys(CATEGORIES, 0)
     reads["attn_weights"] = sum(layer_bytes(f, ATTN_ROLES) + bias for f in plan)
-    experts = experts_read(s, batch)
-    reads["mlp_weights"] = round(sum(experts * layer_bytes(f, MLP_ROLES) for f in plan))
-    reads["mlp_weights"] += router
+    used = experts or [experts_read(s, batch)] * s.n_layers
+    if len(used) != s.n_layers:
+        raise ConfigError(f"{s.name}: experts counted for {len(used)} of {s.n_layers} layers")
+    mlp = round(sum(n * layer_bytes(f, MLP_ROLES) for n, f in zip(used, plan, strict=True)))
+    reads["mlp_weights"] = mlp + router
     reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
     reads["embedding"] = batch * nbytes(embed)((1, s.dim))
     reads["norms"] = 4 * norm_floats(s)
-    return reads
+    if s.n_experts <= 1:
+        return reads, 0, 0
+    return reads, sum(layer_bytes(f, MLP_ROLES) for f in plan), mlp
 
 
 def experts_read(s: Config, batch: int) -> float:

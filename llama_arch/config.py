@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 # Architectures the engine runs (config.json's model_type; gemma3_text is gemma3); the
 # speed-of-light model reads any llama-family shape (mixtral's experts, cohere's tied head, ...).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-             "granite")  # fmt: skip
+             "granite", "mixtral", "qwen3_moe", "olmoe", "granitemoe")  # fmt: skip
+MOE = ("mixtral", "qwen3_moe", "olmoe", "granitemoe")  # the mixtures of experts among them
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,8 @@ class Config:
     # (gemma2, gemma3: local and global layers); None: every layer, when there is a window
     rope_layers: tuple[bool, ...] | None = None  # smollm3: layers that turn q and k (False:
     # no position encoding at all); None: every layer
+    norm_topk: bool = True  # mixture of experts: the k chosen experts' softmax weights
+    # renormalized to sum 1 (mixtral, granitemoe; qwen3_moe and olmoe: norm_topk_prob)
 
     @property
     def q_dim(self) -> int:
@@ -147,8 +150,9 @@ class Config:
             raise UnsupportedModel(
                 f"config: unsupported model_type {self.arch!r} (supported: {', '.join(SUPPORTED)})"
             )
-        if self.n_experts > 1:
-            raise UnsupportedModel(f"{self.name}: mixture-of-experts models are not supported")
+        if self.n_experts > 1 and self.arch not in MOE:
+            raise UnsupportedModel(f"{self.name}: {self.arch} with experts is not supported "
+                                   f"(mixtures of experts: {', '.join(MOE)})")  # fmt: skip
 
     def __post_init__(self) -> None:
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",

@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .config import SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
+from .config import MOE, SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
 
 _MAX_DIM = 1 << 17
 _MAX_LAYERS = 1024
@@ -111,9 +111,14 @@ def _check_runnable(d: dict[str, Any], arch: str) -> None:
         raise UnsupportedModel(
             f"config: unsupported model_type {arch!r} (supported: {', '.join(SUPPORTED)})"
         )
-    if (d.get("num_local_experts") or d.get("num_experts") or 1) > 1:
-        raise UnsupportedModel(f"config: {arch} with experts (a mixture of experts) is not "
-                               "supported")  # fmt: skip
+    if (d.get("num_local_experts") or d.get("num_experts") or 1) > 1 and arch not in MOE:
+        raise UnsupportedModel(f"config: {arch} with experts is not supported (mixtures of "
+                               f"experts: {', '.join(MOE)})")  # fmt: skip
+    if arch == "qwen3_moe" and (d.get("mlp_only_layers") or d.get("decoder_sparse_step", 1) != 1):
+        raise ConfigError("config: qwen3_moe's dense layers (mlp_only_layers, "
+                          "decoder_sparse_step) are not supported")  # fmt: skip
+    if arch == "olmoe" and d.get("clip_qkv") is not None:
+        raise ConfigError("config: olmoe's clip_qkv is not supported")
     act = d.get("hidden_act", "silu") if not arch.startswith("gemma") else "silu"
     if act != "silu":
         raise ConfigError(f"config: unsupported hidden_act {act!r} (only silu)")
@@ -137,11 +142,11 @@ def _window(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tu
     decides them: config.json's `layer_types` when it names them, else the family's rule.
     Mistral and phi3 slide every layer (transformers' MistralConfig defaults the window to
     4096 when the key is absent); qwen2 and qwen3 slide the layers from max_window_layers
-    on, with use_sliding_window; gemma2 every other layer, gemma3 five of six
-    (sliding_window_pattern); smollm3 its NoPE layers, with use_sliding_window."""
+    on, with use_sliding_window (qwen3_moe every layer); gemma2 every other layer, gemma3
+    five of six (sliding_window_pattern); smollm3 its NoPE layers, with use_sliding_window."""
     window = d.get("sliding_window", 4096 if arch == "mistral" else None)
     types = d.get("layer_types")
-    if arch in ("qwen2", "qwen3", "smollm3") and not d.get("use_sliding_window"):
+    if arch in ("qwen2", "qwen3", "qwen3_moe", "smollm3") and not d.get("use_sliding_window"):
         window = None
     if window is None:
         return None, None
@@ -187,8 +192,12 @@ def _f32(x: float) -> float:
 def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: int) -> dict:
     """The family's switches of the one decoder block (llama_arch.Config)."""
     out: dict[str, Any] = {}
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma3", "qwen3_moe"):
         out["qk_norm"] = "head"
+    if arch == "olmoe":  # q and k normed over the whole projection, as olmo2; pre-norms
+        out["qk_norm"] = "all"
+    if arch in ("qwen3_moe", "olmoe"):  # mixtral and granitemoe always renormalize
+        out["norm_topk"] = bool(d.get("norm_topk_prob", False))
     if arch.startswith("gemma"):
         qpas = _float(d, "query_pre_attn_scalar", 256.0)
         out |= {"post_norm": True, "mlp_act": "gelu_tanh", "embed_scale": _f32(math.sqrt(dim)),
@@ -207,7 +216,7 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
         out["rotary_dim"] = int(head_dim * prf)
     if arch == "smollm3":
         out["rope_layers"] = _rope_layers(d, n_layers)
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         out |= {"embed_scale": _float(d, "embedding_multiplier", 1.0),
                 "attn_scale": _float(d, "attention_multiplier", 1.0),
                 "residual_scale": _float(d, "residual_multiplier", 1.0),
@@ -267,6 +276,8 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     head_dim = d.get("head_dim") or (
         128 if arch == "qwen3" else dim // n_heads
     )  # null: dim / heads
+    if arch in ("olmoe", "granitemoe"):  # transformers reads no head_dim for these
+        head_dim = dim // n_heads
     head_dim = _int({"head_dim": head_dim}, "head_dim", 1, _MAX_DIM)
     switches = _switches(d, arch, dim, n_layers, head_dim)
     theta, scaling = _rope(d, arch, switches.get("rotary_dim") or head_dim)
@@ -308,7 +319,9 @@ HF_CLASSES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "granite": "GraniteForCausalLM",
+    "granite": "GraniteForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
 }  # fmt: skip
 
 
@@ -379,7 +392,13 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
         d["partial_rotary_factor"] = c.rotary_dim / c.head_dim
     if c.arch == "smollm3" and c.rope_layers is not None:
         d["no_rope_layers"] = [int(r) for r in c.rope_layers]
-    if c.arch == "granite":
+    if c.n_experts > 1:
+        experts = "num_local_experts" if c.arch in ("mixtral", "granitemoe") else "num_experts"
+        d |= {experts: c.n_experts, "num_experts_per_tok": c.experts_per_token,
+              "norm_topk_prob": c.norm_topk}  # fmt: skip
+        if c.arch == "qwen3_moe":
+            d["moe_intermediate_size"] = c.hidden_dim
+    if c.arch in ("granite", "granitemoe"):
         d |= {"embedding_multiplier": c.embed_scale, "attention_multiplier": c.attn_scale,
               "residual_multiplier": c.residual_scale,
               "logits_scaling": c.logits_scaling}  # fmt: skip

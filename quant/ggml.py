@@ -87,11 +87,16 @@ def random_blocks(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> n
     """Valid blocks of `fmt` for a (rows, cols) matrix: random codes and sub-scales, and
     float16 scales (random bytes there could be NaN) that put the values at ~1e-2; the
     K-quants' super-scales are 32x smaller, as their 6-bit sub-scales multiply them. A
-    min (q4_1, q5_1) is minus half the codes' range times d: values centred on 0."""
+    min (q4_1, q5_1) is minus half the codes' range times d. Each block's scales take a
+    random sign: codes of 0..15 less 8 average -0.5, and without the sign every row of a
+    4-bit matrix would share that offset, which makes a synthetic model's hidden states
+    alike whatever the token (a router then sends every token to the same experts)."""
     lay = LAYOUTS[fmt]
     raw = rng.integers(0, 256, (rows, cols // lay.weights, lay.nbytes), dtype=np.uint8)
     size = 1e-3 if lay.weights == 32 else 1e-3 / 32
-    halves = [((rng.random(raw.shape[:2]) * 2 + 0.1) * size).astype(np.float16) for _ in lay.halves]
+    sign = rng.choice(np.array([-1.0, 1.0]), raw.shape[:2])
+    halves = [((rng.random(raw.shape[:2]) * 2 + 0.1) * size * sign).astype(np.float16)
+              for _ in lay.halves]  # fmt: skip
     if lay.has_min and lay.weights == 32:  # q4_1, q5_1: the min -8 d or -16 d
         halves[1] = (halves[0] * np.float16(-8 if fmt == "q4_1" else -16)).astype(np.float16)
     for o, d in zip(lay.halves, halves, strict=True):

@@ -37,8 +37,15 @@ CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
            "phi3": ("Phi3ForCausalLM", "Phi3Config"), "llama": ("LlamaForCausalLM", "LlamaConfig"),
            "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config"),
            "olmo2": ("Olmo2ForCausalLM", "Olmo2Config"),
-           "granite": ("GraniteForCausalLM", "GraniteConfig")}  # fmt: skip
-FILES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}
+           "granite": ("GraniteForCausalLM", "GraniteConfig"),
+           "mixtral": ("MixtralForCausalLM", "MixtralConfig"),
+           "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig"),
+           "olmoe": ("OlmoeForCausalLM", "OlmoeConfig"),
+           "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig")}  # fmt: skip
+# the converter of these reads only a byte-level BPE (scripts/gguf_fixtures.py: byte_bpe,
+# its pre-tokenizer check replaced)
+BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe")
+FILES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q4_0": "Q4_0"}  # Q8_0 from the converter
 
 
 def hf_config(preset: str) -> tuple[str, object]:
@@ -56,7 +63,9 @@ def hf_config(preset: str) -> tuple[str, object]:
 
 
 def checkpoint(preset: str, directory: Path) -> None:
-    """Random weights of the preset's shape, saved in bfloat16, and a tokenizer."""
+    """Random weights of the preset's shape, saved in bfloat16, and a tokenizer (a
+    SentencePiece model of the GPL's text; a byte-level BPE where the converter reads
+    nothing else)."""
     import sentencepiece as spm
     import torch
     import transformers
@@ -67,6 +76,11 @@ def checkpoint(preset: str, directory: Path) -> None:
         model = getattr(transformers, model_cls)._from_config(cfg, torch_dtype=torch.bfloat16)
     model.save_pretrained(directory, safe_serialization=True)
     del model
+    if cfg.model_type in BYTE_BPE:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from gguf_fixtures import byte_bpe
+
+        return byte_bpe(directory)
     text = directory / "corpus.txt"
     text.write_text(open(ROOT / "data" / "gpl-3.0.txt").read(), encoding="utf-8")
     spm.SentencePieceTrainer.train(
@@ -82,10 +96,11 @@ def run(cmd: list[str]) -> None:
         sys.exit(f"families.py: {' '.join(cmd[:3])} failed:\n{r.stderr[-3000:]}")
 
 
-def make(preset: str) -> dict[str, Path]:
-    """The preset's Q8_0 and Q4_K_M files (made once, kept in the cache)."""
+def make(preset: str, files: tuple[str, ...] = ("q8_0", "q4_k_m")) -> dict[str, Path]:
+    """The preset's files, Q8_0 and those llama-quantize makes from F16 (made once, kept
+    in the cache)."""
     out = CACHE / "families" / preset
-    paths = {k: out / f"{preset}-{v}.gguf" for k, v in FILES.items()}
+    paths = {k: out / f"{preset}-{FILES[k]}.gguf" for k in files}
     if all(p.is_file() for p in paths.values()):
         return paths
     for tool in (CONVERT, QUANTIZE):
@@ -96,27 +111,41 @@ def make(preset: str) -> dict[str, Path]:
         hf = Path(tmp) / preset
         print(f"families.py: {preset}: a random checkpoint", file=sys.stderr)
         checkpoint(preset, hf)
-        py = sys.executable
         print(f"families.py: {preset}: converting", file=sys.stderr)
-        run([py, str(CONVERT), str(hf), "--outfile", f"{paths['q8_0']}.part", "--outtype", "q8_0"])
+        convert = converter(hf)
+        if "q8_0" in paths:
+            run([*convert, "--outfile", f"{paths['q8_0']}.part", "--outtype", "q8_0"])
         f16 = Path(tmp) / "f16.gguf"
-        run([py, str(CONVERT), str(hf), "--outfile", str(f16), "--outtype", "f16"])
+        run([*convert, "--outfile", str(f16), "--outtype", "f16"])
         shutil.rmtree(hf)
-        run([str(QUANTIZE), str(f16), f"{paths['q4_k_m']}.part", "Q4_K_M", "2"])
+        for kind in paths.keys() - {"q8_0"}:
+            run([str(QUANTIZE), str(f16), f"{paths[kind]}.part", FILES[kind], "2"])
     for p in paths.values():
         os.replace(f"{p}.part", p)
     return paths
 
 
-def compare(preset: str, rounds: int, batches: list[int], threads: int) -> dict:
-    """llama-np as stored against llama.cpp on both files: one sequence (compare_peers)
+def converter(hf: Path) -> list[str]:
+    """llama.cpp's converter on checkpoint `hf` (patched where its tokenizer is a tiny
+    byte-level BPE)."""
+    if json.loads((hf / "config.json").read_text())["model_type"] not in BYTE_BPE:
+        return [sys.executable, str(CONVERT), str(hf)]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gguf_fixtures import PATCHED
+
+    return [sys.executable, "-c", PATCHED, str(CONVERT.parent), str(hf)]
+
+
+def compare(preset: str, rounds: int, batches: list[int], threads: int,
+            files: tuple[str, ...] = ("q8_0", "q4_k_m")) -> dict:  # fmt: skip
+    """llama-np as stored against llama.cpp on each file: one sequence (compare_peers)
     and batched decode (peers_batch)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import compare_peers
     import peers_batch
 
     out = {}
-    for kind, path in make(preset).items():
+    for kind, path in make(preset, files).items():
         one = compare_peers.run(str(path), threads, rounds, "numba", formats=["stored"])
         many = peers_batch.compare(str(path), threads, batches, ["stored"], rounds, 8)
         out[kind] = {"one": one, "batch": many}
@@ -129,15 +158,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", default="1,16")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--files", default="q8_0,q4_k_m", help=f"of {', '.join(FILES)}")
     ap.add_argument("--make-only", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
+    files = tuple(a.files.split(","))
+    if set(files) - FILES.keys():
+        sys.exit(f"families.py: --files: one of {', '.join(FILES)}, comma-separated")
     results = {}
     for preset in a.presets:
         if a.make_only:
-            print(make(preset))
+            print(make(preset, files))
             continue
-        results[preset] = compare(preset, a.rounds, [int(b) for b in a.batch.split(",")], a.threads)
+        batches = [int(b) for b in a.batch.split(",")]
+        results[preset] = compare(preset, a.rounds, batches, a.threads, files)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 

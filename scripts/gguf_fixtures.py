@@ -13,12 +13,14 @@ Gemma 2's rope_theta 10000, Gemma's default sliding-layer patterns (gemma3: 6 la
 sixth global), SmolLM3's NoPE every fourth layer, no window on Qwen3 or Phi-3, OLMo 2 untied
 with head_dim = dim / heads, Granite's head_dim = dim / heads.
 
-OLMo 2's converter reads only a byte-level BPE tokenizer whose pre-tokenizer hash it knows
-(a real one: tens of thousands of tokens); for a tiny one its pre-tokenizer check
-(get_vocab_base_pre) is replaced by "gpt-2", and nothing else of the converter.
+OLMo 2's, OLMoE's and Qwen3-MoE's converters read only a byte-level BPE tokenizer whose
+pre-tokenizer hash they know (a real one: tens of thousands of tokens); for a tiny one the
+pre-tokenizer check (get_vocab_base_pre) is replaced by "gpt-2", and nothing else of the
+converter.
 
-    .venv/bin/python scripts/gguf_fixtures.py            # all families
-    .venv/bin/python scripts/gguf_fixtures.py gemma3     # one
+    .venv/bin/python scripts/gguf_fixtures.py                  # all families, all files
+    .venv/bin/python scripts/gguf_fixtures.py gemma3           # one
+    .venv/bin/python scripts/gguf_fixtures.py mixtral-q4_k_m   # a K-quant mixture of experts
 """
 
 from __future__ import annotations
@@ -66,6 +68,30 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "granite": ("GraniteForCausalLM", "GraniteConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, embedding_multiplier=6.0,
         attention_multiplier=0.04, residual_multiplier=0.3, logits_scaling=4.0)),
+    # mixtures of experts, as llama.cpp runs them: mixtral (GGUF architecture llama with
+    # experts), qwen3_moe renormalized (llama.cpp always renormalizes it), olmoe not (never)
+    # with as many KV heads as heads (its k norm is n_embd wide there) and eps 1e-5 (the
+    # converter writes that), granitemoe with one expert a token
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=40, num_local_experts=5,
+        num_experts_per_tok=2, rope_theta=1e6, sliding_window=None)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        num_hidden_layers=2, head_dim=24, rope_theta=1e6, num_experts=16,
+        num_experts_per_tok=4, moe_intermediate_size=20, norm_topk_prob=True)),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=4, rms_norm_eps=1e-5, intermediate_size=24,
+        num_experts=7, num_experts_per_tok=3, norm_topk_prob=False, rope_theta=1e4)),
+    "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=40, num_local_experts=4,
+        num_experts_per_tok=1, embedding_multiplier=6.0, attention_multiplier=0.04,
+        residual_multiplier=0.3, logits_scaling=4.0)),
+}  # fmt: skip
+BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe")  # the converter reads only a byte-level BPE
+# files llama.cpp's quantizer makes from the converter's (tests/fixtures/quantized/NAME.gguf):
+# name: (family, the config's fields over the family's, llama-quantize's type); rows of 256
+QUANTIZED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "mixtral-q4_k_m": ("mixtral", dict(hidden_size=256, intermediate_size=256,
+                                       num_hidden_layers=1, num_local_experts=4), "Q4_K_M"),
 }  # fmt: skip
 CORPUS = [
     "Once upon a time there was a little llama who lived in the mountains.",
@@ -100,7 +126,7 @@ def tokenizer(directory: Path) -> Path:
 
 
 def byte_bpe(directory: Path) -> None:
-    """OLMo 2's: a byte-level BPE tokenizer.json of 256 byte tokens, one merge, <s>, </s>."""
+    """OLMo 2's, OLMoE's, Qwen3-MoE's: a byte-level BPE tokenizer.json of 256 byte tokens, one merge, <s>, </s>."""
     sys.path.insert(0, str(ROOT))
     from tests.helpers import byte_tokenizer
 
@@ -114,13 +140,16 @@ def byte_bpe(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def checkpoint(family: str, directory: Path, sp_model: Path) -> None:
-    """The family's random model, saved by transformers in bfloat16; norms and biases
-    moved off their starting values so that a wrong one shows."""
+def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> None:
+    """The family's random model (its fields and `more`), saved by transformers in
+    bfloat16; norms and biases moved off their starting values so that a wrong one shows."""
     import torch
     import transformers
 
     cls_name, cfg_name, fields = FAMILIES[family]
+    fields = {**fields, **more}
+    if family in BYTE_BPE:  # the byte-level tokenizer's <s> and </s> (tests.helpers)
+        fields = {**fields, "bos_token_id": 256, "eos_token_id": 257}
     cfg = getattr(transformers, cfg_name)(**{**COMMON, **fields})
     torch.manual_seed(SEED)
     model = getattr(transformers, cls_name)(cfg).eval()
@@ -129,7 +158,7 @@ def checkpoint(family: str, directory: Path, sp_model: Path) -> None:
             if "norm" in n or "bias" in n:
                 p.add_(0.2 * torch.randn_like(p))
     model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
-    if family == "olmo2":
+    if family in BYTE_BPE:
         byte_bpe(directory)
     else:
         shutil.copy(sp_model, directory / "tokenizer.model")
@@ -149,7 +178,7 @@ conv.main()
 
 def convert(family: str, directory: Path, out: Path, script: Path) -> None:
     args = [str(directory), "--outfile", str(out), "--outtype", "bf16"]
-    if family == "olmo2":
+    if family in BYTE_BPE:
         cmd = [sys.executable, "-c", PATCHED, str(script.parent), *args]
     else:
         cmd = [sys.executable, str(script), *args]
@@ -159,14 +188,36 @@ def convert(family: str, directory: Path, out: Path, script: Path) -> None:
         sys.exit(f"{family}: the converter failed:\n{run.stderr[-3000:]}")
 
 
+def quantized(name: str, tmp: Path, sp_model: Path, script: Path) -> None:
+    """tests/fixtures/quantized/NAME.gguf: the converter's BF16 file, quantized by
+    llama-quantize (scripts/llama_cpp.sh builds it)."""
+    family, fields, kind = QUANTIZED[name]
+    tool = script.parents[2] / "build-server" / "bin" / "llama-quantize"
+    if not tool.is_file():
+        sys.exit(f"gguf_fixtures.py: no {tool}; run scripts/llama_cpp.sh first")
+    work = tmp / name
+    checkpoint(family, work, sp_model, **fields)
+    convert(family, work, tmp / f"{name}-bf16.gguf", script)
+    dest = OUT.parent / "quantized" / f"{name}.gguf"
+    dest.parent.mkdir(exist_ok=True)
+    run = subprocess.run([str(tool), str(tmp / f"{name}-bf16.gguf"), str(dest), kind],
+                         capture_output=True, text=True)  # fmt: skip
+    if run.returncode:
+        sys.exit(f"{name}: llama-quantize failed:\n{run.stderr[-3000:]}")
+    print(f"{name}: {dest} ({dest.stat().st_size / 1e3:.0f} kB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("families", nargs="*", default=list(FAMILIES))
+    ap.add_argument("families", nargs="*", default=[*FAMILIES, *QUANTIZED])
     a = ap.parse_args()
     script = converter()
     with tempfile.TemporaryDirectory() as tmp:
         sp_model = tokenizer(Path(tmp))
         for family in a.families:
+            if family in QUANTIZED:
+                quantized(family, Path(tmp), sp_model, script)
+                continue
             work = Path(tmp) / family
             checkpoint(family, work, sp_model)
             dest = OUT / family

@@ -36,7 +36,7 @@ from quant.host import usable_cores
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "families",
-            "perplexity", "published"]  # fmt: skip
+            "moe", "perplexity", "published"]  # fmt: skip
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
 
@@ -266,6 +266,53 @@ def render_families(data: dict, plots: Path) -> str:
     return "\n".join(out)
 
 
+MOE_PRESET, MOE_BATCHES = "olmoe-1b-7b", (1, 4, 16, 64)
+
+
+def measure_moe(ctx: argparse.Namespace) -> dict:
+    """A mixture of experts at its real shape, random weights in q8_0 and q4_0: decode
+    steps of B = 1, 4, 16, 64 sequences held against the speed of light of the experts
+    they read, the distinct experts a layer read beside the uniform-routing expectation;
+    and llama-np against llama.cpp on Q8_0 and Q4_0 files its converter and quantizer
+    made of random weights at that shape (scripts/families.py)."""
+    import families
+
+    batches = (1, 16) if ctx.quick else MOE_BATCHES
+    sw = validate_sol.Sweep(f"synthetic:{MOE_PRESET}", "numba", ["q8_0", "q4_0"], (0,))
+    rows, probe = [], ctx.probe
+    for weights in sw.weights[-1:] if ctx.quick else sw.weights:
+        settings = validate_sol.Settings(8, 12, (0,), 3, batch=batches)
+        got, probe = validate_sol.sweep(sw, weights, settings, probe, ctx.threads)
+        rows += got
+    peers = families.compare(MOE_PRESET, 2 if ctx.quick else 3, [1, 4, 16], ctx.threads,
+                             ("q8_0", "q4_0"))  # fmt: skip
+    return {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows],
+            "peers": {MOE_PRESET: peers}}  # fmt: skip
+
+
+def render_moe(data: dict, plots: Path) -> str:
+    import compare_peers
+    import peers_batch
+
+    rows = rows_of(data)
+    out = [f"{MOE_PRESET} (64 experts, 8 a token), random weights (`llama-np bench -m "
+           f"synthetic:{MOE_PRESET} --weights W --batch 1,4,16,64 -n 12 -r 3`, compiled "
+           "kernels): each row held against the speed of light of the bytes its steps read, "
+           "the experts counted as the expectation under uniform routing, E (1 - (1 - k/E)^B); "
+           "the last column the distinct experts a layer read per step, measured (mean), and "
+           "that expectation:", "", validate_sol.batch_markdown(rows), "",
+           "Against llama.cpp on the same files (random weights at the preset's shape, made by "
+           "llama.cpp's converter, Q4_0 by its quantizer; `scripts/families.py --files "
+           "q8_0,q4_0`), llama-np as stored:", ""]  # fmt: skip
+    for preset, files in data["peers"].items():
+        for kind, d in files.items():
+            one = d["one"]
+            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
+                    compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
+                    peers_batch.table(d["batch"]), ""]  # fmt: skip
+    return "\n".join(out)
+
+
 PPL_TEXT = ROOT / "data" / "gpl-3.0.txt"
 
 
@@ -318,6 +365,7 @@ TITLES = {
     "peers-batch": "Against llama.cpp, batched decode",
     "serve": "Serving over HTTP: `llama-np serve` against llama.cpp's `llama-server`",
     "families": "The families: each at its speed of light, and against llama.cpp",
+    "moe": "A mixture of experts: the experts a step reads, measured and predicted",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
 }
@@ -383,6 +431,16 @@ def readme_block(results: dict) -> str:
                      f"{widest[0].batch} | median {statistics.median(ratios):.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f}), {beaten(rows)}; {mfus} | "
                      f"{where('batching', 'batches')} |")  # fmt: skip
+    if "moe" in results:
+        rows = rows_of(results["moe"]["data"])
+        one = [f"{r.weights} {r.measured_over_sol:.2f}" for r in rows if r.batch == 1]
+        wide = max(r.batch for r in rows)
+        spread = [f"{r.weights} {r.experts:.1f} / {r.sol_experts:.1f}" for r in rows
+                  if r.batch == wide]  # fmt: skip
+        lines.append(f"| {MOE_PRESET}, random weights: measured / speed of light at B = 1; "
+                     f"distinct experts a layer read, measured / expected, at B = {wide} | "
+                     f"{', '.join(one)}; {', '.join(spread)} | "
+                     f"{where('moe', 'a mixture of experts')} |")  # fmt: skip
     if "published" in results:
         held = list(published.held())
         s = calibrate.spread(calibrate.leave_one_source_out(published.points(held)))
@@ -397,7 +455,7 @@ def readme_block(results: dict) -> str:
 def measured_on(results: dict) -> str:
     """The CPU of the table's figures, and, when its sections were measured on several,
     which sections on which (the `--only` that measures them again)."""
-    shown = [n for n in ("peers", "peers-batch", "serve", "validation", "batching")
+    shown = [n for n in ("peers", "peers-batch", "serve", "validation", "batching", "moe")
              if n in results]  # fmt: skip
     by_cpu: dict[str, list[str]] = {}
     for name in shown:

@@ -141,6 +141,23 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "granite": dict(arch="granite", num_attention_heads=4, num_key_value_heads=2,
                     embedding_multiplier=6.0, attention_multiplier=0.04,
                     residual_multiplier=0.3, logits_scaling=4.0),
+    # mixtures of experts (E experts, k per token): mixtral's w1/w3/w2 names, weights
+    # renormalized; qwen3_moe's per-head q/k norms and moe_intermediate_size, not
+    # renormalized (its norm_topk_prob default); olmoe's whole-projection q/k norms,
+    # renormalized; granitemoe's 3-D expert tensors, top-k of the logits, the multipliers
+    "mixtral": dict(arch="mixtral", num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=40, num_local_experts=5, num_experts_per_tok=2,
+                    sliding_window=None),
+    "qwen3_moe": dict(arch="qwen3_moe", num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=24, num_experts=16, num_experts_per_tok=4,
+                      moe_intermediate_size=20, norm_topk_prob=False),
+    "olmoe": dict(arch="olmoe", num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=24, num_experts=7, num_experts_per_tok=3,
+                  norm_topk_prob=True),
+    "granitemoe": dict(arch="granitemoe", num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=40, num_local_experts=9, num_experts_per_tok=3,
+                       embedding_multiplier=6.0, attention_multiplier=0.04,
+                       residual_multiplier=0.3, logits_scaling=4.0),
 }  # fmt: skip
 MODELS |= FAMILIES
 
@@ -160,6 +177,10 @@ def hf_classes(arch: str) -> tuple[Any, Any]:
         "smollm3": (t.SmolLM3ForCausalLM, t.SmolLM3Config),
         "olmo2": (t.Olmo2ForCausalLM, t.Olmo2Config),
         "granite": (t.GraniteForCausalLM, t.GraniteConfig),
+        "mixtral": (t.MixtralForCausalLM, t.MixtralConfig),
+        "qwen3_moe": (t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig),
+        "olmoe": (t.OlmoeForCausalLM, t.OlmoeConfig),
+        "granitemoe": (t.GraniteMoeForCausalLM, t.GraniteMoeConfig),
     }[arch]
 
 

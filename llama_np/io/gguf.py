@@ -22,7 +22,13 @@ import numpy as np
 
 from llama_arch import ROLES, Config
 from llama_np.errors import LlamaNpError
-from llama_np.io.gguf_config import Metadata, config_from_gguf, gguf_name, hf_name
+from llama_np.io.gguf_config import (
+    Metadata,
+    config_from_gguf,
+    expert_tensor,
+    gguf_name,
+    hf_name,
+)
 from llama_np.io.gguf_vocab import tokenizer_from_gguf
 from llama_np.io.tokenizer import HFTokenizer
 from llama_np.model.build import Tensor, layer_tensor_names
@@ -100,11 +106,32 @@ def load_gguf(
     tensors: dict[str, Tensor] = {}
     names: dict[str, str] = {}
     for name, t in by_name.items():
+        if (stacked := expert_tensor(name)) is not None:  # every expert's, one 3-D tensor
+            layer, proj = stacked
+            for e, w in enumerate(gguf_experts(t, backend)):
+                at = f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+                tensors[at], names[at] = w, f"{name}[{e}] ({w.fmt.upper()})"
+            continue
         hf, heads = hf_name(name, config)
         if hf is not None:
             tensors[hf] = gguf_tensor(t, heads, backend)
             names[hf] = f"{name} ({GGML_TYPES[int(t.tensor_type)].upper()})"
     return config, tensors, tokenizer_from_gguf(meta), names
+
+
+def gguf_experts(t: Any, backend: Backend) -> list[Tensor]:
+    """A mixture of experts' stacked tensor (ne = [cols, rows, experts]) as one matrix per
+    expert in its stored format, views of the file where the layout allows."""
+    fmt = GGML_TYPES.get(int(t.tensor_type))
+    shape = tuple(int(n) for n in reversed(t.shape))  # (experts, rows, cols)
+    if fmt is None or len(shape) != 3:
+        raise LlamaNpError(f"tensor {t.name!r}: experts of type {t.tensor_type} and shape "
+                           f"{shape} are not supported")  # fmt: skip
+    raw = t.data.reshape(shape[0], shape[1], -1)
+    try:
+        return [backend.weight_class(fmt).from_raw(shape[1:], raw[e]) for e in range(shape[0])]
+    except QuantError as e:
+        raise LlamaNpError(f"tensor {t.name!r}: {e}") from None
 
 
 def _open(path: Path) -> GGUFReader:
@@ -142,8 +169,8 @@ def gguf_shape(path: Path) -> tuple[Config, list[dict[str, str]], str, str]:
     for i in range(config.n_layers):
         layer: dict[str, str] = {}
         for role, hf in layer_tensor_names(i, config).items():
-            for r in fused.get(role, (role,)):
-                layer[r] = types[gguf_name(hf, config)]
+            for r in fused.get(role, (role,)):  # an expert's role w_gate.E: the layer's w_gate
+                layer[r.split(".")[0]] = types[gguf_name(hf, config)]
         plan.append({r: layer[r] for r in ROLES})
     embed = types["token_embd.weight"]
     return config, plan, types.get("output.weight", embed), embed

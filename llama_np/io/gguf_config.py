@@ -22,10 +22,13 @@ from llama_arch import Config, config_from_hf
 from llama_np.errors import LlamaNpError, UsageError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-                 "granite")  # fmt: skip
+                 "granite", "qwen3moe", "olmoe", "granitemoe")  # fmt: skip
+MODEL_TYPES = {"qwen3moe": "qwen3_moe"}  # a GGUF architecture's config.json model_type
+# (llama with experts: mixtral)
 # llama.cpp's rope type NORM: its converter permutes Q and K rows for adjacent-pair RoPE,
 # which the loader undoes (this engine turns halves)
-PERMUTED = ("llama", "smollm3", "granite")
+PERMUTED = ("llama", "mistral", "mixtral", "smollm3", "granite", "granitemoe")
+EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 LAYER_TENSORS = {  # GGUF tensor -> Hugging Face, the same in every family
     "attn_norm": "input_layernorm",
@@ -36,6 +39,7 @@ LAYER_TENSORS = {  # GGUF tensor -> Hugging Face, the same in every family
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",  # the norm before the MLP
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -81,12 +85,24 @@ def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
     return None, None
 
 
+def expert_tensor(name: str) -> tuple[str, str] | None:
+    """(layer, projection) of a mixture of experts' stacked tensor (blk.N.ffn_gate_exps:
+    every expert's gate rows, a 3-D tensor), else None."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in EXPERTS and parts[3] == "weight":
+        return parts[1], EXPERTS[parts[2]]
+    return None
+
+
 def gguf_name(hf: str, c: Config) -> str:
     """The GGUF name of a tensor the model needs, by its HF name (for messages)."""
     reverse = {v: k for k, v in GLOBAL_TENSORS.items()}
     if hf in reverse:
         return reverse[hf]
     _, _, i, *rest = hf.split(".")
+    if rest[:2] == ["mlp", "experts"]:  # an expert: the layer's stacked tensor
+        stacked = {v: k for k, v in EXPERTS.items()}[rest[3]]
+        return f"blk.{i}.{stacked}.weight"
     stem, kind = ".".join(rest[:-1]), rest[-1]
     ours = {v: k for k, v in layer_names(c.arch).items()}
     return f"blk.{i}.{ours.get(stem, stem)}.{kind}"
@@ -133,10 +149,11 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     if arch not in ARCHITECTURES:
         raise UsageError(f"{meta.path}: unsupported GGUF architecture {arch!r} (supported: "
                          f"{', '.join(ARCHITECTURES)})")  # fmt: skip
-    if (experts := meta.get(a + "expert_count", int, 0)) > 1:
+    experts = meta.get(a + "expert_count", int, 0)
+    if experts > 1 and arch not in ("llama", "qwen3moe", "olmoe", "granitemoe"):
         raise UsageError(
             f"{meta.path}: a mixture of experts ({a}expert_count = {experts}) "
-            f"is not supported (supported: dense {', '.join(ARCHITECTURES)})"
+            f"is not supported for {arch} (supported: {', '.join(ARCHITECTURES)})"
         )
     dim = meta.get(a + "embedding_length", int)
     n_heads = meta.get(a + "attention.head_count", int)
@@ -145,8 +162,9 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     embed = tensors.get("token_embd.weight")
     n_vocab = int(embed.shape[-1]) if embed is not None else (
         len(tokens.data) if tokens is not None else ...)  # fmt: skip
+    model_type = "mixtral" if arch == "llama" and experts > 1 else MODEL_TYPES.get(arch, arch)
     hf: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": model_type,
         "hidden_size": dim,
         "num_hidden_layers": meta.get(a + "block_count", int),
         "num_attention_heads": n_heads,
@@ -164,6 +182,8 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     }
     hf |= _rope(meta, a, head_dim)
     hf |= FAMILIES.get(arch, lambda *_: {})(meta, a, hf, tensors)
+    if experts > 1:
+        hf |= _experts(meta, a, experts, tensors)
     c = config_from_hf(hf, name)
     factors = tensors.get("rope_freqs.weight")
     if factors is not None:
@@ -244,6 +264,16 @@ def _smollm3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
     return {"no_rope_layer_interval": 4}  # llama.cpp's n_no_rope_layer_step
 
 
+def _experts(meta: Metadata, a: str, experts: int, tensors: dict) -> dict[str, Any]:
+    """A mixture of experts as llama.cpp runs it: softmax over the experts, the top k, their
+    weights renormalized but for OLMoE's (whatever a config said); each expert's width from
+    its tensors (ne1 of blk.0.ffn_gate_exps)."""
+    gate = tensors.get("blk.0.ffn_gate_exps.weight")
+    width = int(gate.shape[1]) if gate is not None else meta.get(a + "feed_forward_length", int)
+    return {"num_experts": experts, "num_experts_per_tok": meta.get(a + "expert_used_count", int),
+            "moe_intermediate_size": width, "norm_topk_prob": a != "olmoe."}  # fmt: skip
+
+
 def _qwen3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
     return {"sliding_window": None}  # the converter keeps no window; llama.cpp reads none
 
@@ -256,4 +286,5 @@ def _olmo2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
 
 
 FAMILIES = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
-            "smollm3": _smollm3, "qwen3": _qwen3, "olmo2": _olmo2}  # fmt: skip
+            "granitemoe": _granite, "smollm3": _smollm3, "qwen3": _qwen3, "qwen3moe": _qwen3,
+            "olmo2": _olmo2}  # fmt: skip

@@ -58,8 +58,14 @@ def layer_part(layer: Layer, role: str, c: Config) -> Weight | np.ndarray:
     if role in ("bq", "bk", "bv"):
         a, b = rows[role[1]]
         return layer.qkv_bias[a:b]
-    if role in ("w_gate", "w_up"):
-        return layer.w_gate_up.slice_rows(*((0, h) if role == "w_gate" else (h, 2 * h)))
+    kind, _, expert = role.partition(".")  # a mixture of experts: w_gate.E ...
+    gate_up = layer.w_gate_up if not expert else layer.experts.gate_up[int(expert)]
+    if kind in ("w_gate", "w_up"):
+        return gate_up.slice_rows(*((0, h) if kind == "w_gate" else (h, 2 * h)))
+    if kind == "w_down" and expert:
+        return layer.experts.down[int(expert)]
+    if role == "router":
+        return layer.experts.router
     return getattr(layer, role)  # wqkv, wo, w_gate_up, w_down, the norms
 
 

@@ -123,7 +123,46 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
         t, m = read_safetensors(f)
         tensors.update(t)
         metadata.update(m)
-    return Checkpoint(config, language_model(tensors), metadata, directory)
+    return Checkpoint(config, expert_names(config.arch, language_model(tensors)), metadata,
+                      directory)  # fmt: skip
+
+
+MIXTRAL = {"block_sparse_moe.gate.": "mlp.gate.", ".w1.": ".gate_proj.", ".w3.": ".up_proj.",
+           ".w2.": ".down_proj.", "block_sparse_moe.experts.": "mlp.experts."}  # fmt: skip
+
+
+def expert_names(arch: str, tensors: dict[str, RawTensor]) -> dict[str, RawTensor]:
+    """A mixture of experts' tensors under one naming: the router `mlp.gate`, each expert's
+    `mlp.experts.E.{gate,up,down}_proj` (qwen3_moe's and olmoe's own). Mixtral's w1, w3, w2
+    are gate, up and down; granitemoe stacks its experts in 3-D tensors (input_linear:
+    gate rows then up rows; output_linear: down), cut here into views, expert by expert."""
+    if arch == "mixtral":
+        out = {}
+        for name, t in tensors.items():
+            if "block_sparse_moe." in name:
+                for old, new in MIXTRAL.items():
+                    name = name.replace(old, new)
+            out[name] = t
+        return out
+    if arch != "granitemoe":
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        p, _, rest = name.partition("block_sparse_moe.")
+        if rest == "router.layer.weight":
+            out[p + "mlp.gate.weight"] = t
+        elif rest in ("input_linear.weight", "output_linear.weight"):
+            half = t.data.shape[1] // 2
+            for e in range(t.data.shape[0]):
+                at = f"{p}mlp.experts.{e}."
+                if rest == "input_linear.weight":
+                    out[at + "gate_proj.weight"] = RawTensor(t.dtype, t.data[e, :half])
+                    out[at + "up_proj.weight"] = RawTensor(t.dtype, t.data[e, half:])
+                else:
+                    out[at + "down_proj.weight"] = RawTensor(t.dtype, t.data[e])
+        else:
+            out[name] = t
+    return out
 
 
 def language_model(tensors: dict[str, RawTensor]) -> dict[str, RawTensor]:

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from llama_arch import Config, layer_matrices, layer_vectors
 from llama_np.errors import LlamaNpError
-from llama_np.model.transformer import Layer, Weights
+from llama_np.model.transformer import Experts, Layer, Weights
 from quant import Matrix, Weight, arena, stack_rows
 from quant.backends import Backend, numpy_backend
 
@@ -30,6 +30,8 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
         "w_up": p + "mlp.up_proj.weight",
         "w_down": p + "mlp.down_proj.weight",
     }
+    if c.n_experts > 1:  # the experts' MLPs instead (expert_names)
+        names = {k: v for k, v in names.items() if not k.startswith(("w_gate", "w_up", "w_down"))}
     if c.arch == "phi3":
         names = {k: v for k, v in names.items() if k in ("wo", "w_down")}
         names |= {"wqkv": p + "self_attn.qkv_proj.weight",
@@ -43,15 +45,33 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
     if c.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
     biases = {f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"} if c.qkv_bias else {}
-    return names | biases
+    return names | biases | expert_names(p, c)
+
+
+def expert_names(p: str, c: Config) -> dict[str, str]:
+    """A mixture of experts' router and experts (the roles router, w_gate.E, w_up.E,
+    w_down.E), in the one naming io.safetensors.expert_names and io.gguf give them."""
+    if c.n_experts <= 1:
+        return {}
+    names = {"router": p + "mlp.gate.weight"}
+    for e in range(c.n_experts):
+        for role, proj in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+            names[f"{role}.{e}"] = f"{p}mlp.experts.{e}.{proj}.weight"
+    return names
 
 
 def layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
-    """The shape of each of a layer's tensors by role, the fused ones included."""
+    """The shape of each of a layer's tensors by role, the fused ones included (an
+    expert's role, w_gate.E, has w_gate's shape: role_shape)."""
     shapes: dict[str, tuple[int, ...]] = dict(layer_matrices(c))
     shapes["wqkv"] = (c.q_dim + 2 * c.kv_dim, c.dim)
     shapes["w_gate_up"] = (2 * c.hidden_dim, c.dim)
+    shapes["router"] = (c.n_experts, c.dim)
     return shapes | {k: (n,) for k, n in layer_vectors(c).items()}
+
+
+def role_shape(shapes: dict[str, tuple[int, ...]], role: str) -> tuple[int, ...]:
+    return shapes[role.split(".")[0]]
 
 
 NORM_PLUS_ONE = ("gemma2", "gemma3")  # transformers' Gemma RMSNorm: x * (1 + w)
@@ -89,7 +109,8 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     shapes = layer_shapes(c)
     layers = []
     for i in range(c.n_layers):
-        layers.append({k: _get(tensors, n, shapes[k]) for k, n in layer_tensor_names(i, c).items()})
+        names = layer_tensor_names(i, c).items()
+        layers.append({k: _get(tensors, n, role_shape(shapes, k)) for k, n in names})
     embed = _get(tensors, "model.embed_tokens.weight", (c.vocab_size, c.dim))
     tied = c.tie_embeddings or "lm_head.weight" not in tensors
     head = None if tied else _get(tensors, "lm_head.weight", (c.vocab_size, c.dim))
@@ -111,8 +132,12 @@ def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
         bias = vector(np.concatenate([m["bq"], m["bk"], m["bv"]])) if c.qkv_bias else None
         v = {k: vector(m.get(k)) for k in ("attn_norm", "mlp_norm", "attn_post_norm",
                                            "mlp_post_norm", "q_norm", "k_norm")}  # fmt: skip
-        out.append(Layer(wqkv=m["wqkv"], wo=m["wo"], w_gate_up=m["w_gate_up"],
-                         w_down=m["w_down"], qkv_bias=bias, **v))  # fmt: skip
+        experts = None
+        if c.n_experts > 1:
+            experts = Experts(m["router"], [m[f"w_gate_up.{e}"] for e in range(c.n_experts)],
+                              [m[f"w_down.{e}"] for e in range(c.n_experts)])  # fmt: skip
+        out.append(Layer(wqkv=m["wqkv"], wo=m["wo"], w_gate_up=m.get("w_gate_up"),
+                         w_down=m.get("w_down"), qkv_bias=bias, experts=experts, **v))  # fmt: skip
     return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
 
 
@@ -148,17 +173,21 @@ def build_weights(
     head_fmt = head_fmt or fmt
     embed = to(glob["embed"], head_fmt if tied else fmt)
     head = embed if tied else to(glob["head"], head_fmt)
-    for m in layers:
-        m.update({k: to(v, fmt) for k, v in m.items() if isinstance(v, Weight)})
+    for m in layers:  # the router stays float32, as llama.cpp keeps it
+        m.update({k: to(v, "f32" if k == "router" else fmt) for k, v in m.items()
+                  if isinstance(v, Weight)})  # fmt: skip
         if "wqkv" not in m:  # stored fused (phi3): as it is
             m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
-        if "w_gate_up" not in m:
-            m["w_gate_up"] = stack_rows([m.pop("w_gate"), m.pop("w_up")])
+        for e in [None] if c.n_experts <= 1 else range(c.n_experts):
+            at = "" if e is None else f".{e}"
+            if f"w_gate_up{at}" not in m:
+                m[f"w_gate_up{at}"] = stack_rows([m.pop(f"w_gate{at}"), m.pop(f"w_up{at}")])
     bar.close()
-    keys = ("wqkv", "wo", "w_gate_up", "w_down")
-    matrices = [embed, head] + [m.pop(k) for m in layers for k in keys]
+    keys = [[k for k, v in m.items() if isinstance(v, Matrix)] for m in layers]
+    matrices = [embed, head] + [m.pop(k) for m, ks in zip(layers, keys, strict=True) for k in ks]
     del embed, head  # pack frees each matrix once it is in the arena
     (embed, head, *rest), _ = arena.pack(matrices)  # the arrays keep the arena alive
-    for i, m in enumerate(layers):
-        m.update(zip(keys, rest[len(keys) * i : len(keys) * (i + 1)], strict=True))
+    for m, ks in zip(layers, keys, strict=True):
+        m.update(zip(ks, rest[: len(ks)], strict=True))
+        rest = rest[len(ks) :]
     return _assemble(c, layers, embed, head, glob["norm"])

@@ -16,13 +16,17 @@ from llama_np.model.transformer import Transformer, Weights
 
 def weight_plan(w: Weights) -> tuple[str | list[dict[str, str]], str, str]:
     """(layers, LM head, embedding) formats of a model: the layers' one format, or, when
-    they mix formats (a GGUF file), per layer the format of each matrix (llama_arch.ROLES)."""
+    they mix formats (a GGUF file), per layer the format of each matrix (llama_arch.ROLES;
+    a mixture of experts: an expert's, every expert of a layer stored alike)."""
     plan = []
     for layer in w.layers:
         q, k, v = layer.wqkv.leaves() if len(layer.wqkv.leaves()) == 3 else [layer.wqkv] * 3
-        pair = layer.w_gate_up.leaves()
-        gate, up = pair if len(pair) == 2 else [layer.w_gate_up] * 2
-        mats = (q, k, v, layer.wo, gate, up, layer.w_down)
+        gate_up, down = layer.w_gate_up, layer.w_down
+        if layer.experts is not None:
+            gate_up, down = layer.experts.gate_up[0], layer.experts.down[0]
+        pair = gate_up.leaves()
+        gate, up = pair if len(pair) == 2 else [gate_up] * 2
+        mats = (q, k, v, layer.wo, gate, up, down)
         plan.append({role: m.fmt for role, m in zip(ROLES, mats, strict=True)})
     uniform = {f for p in plan for f in p.values()}
     layers = uniform.pop() if len(uniform) == 1 else plan

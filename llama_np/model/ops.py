@@ -202,6 +202,18 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 GATES = {"silu": swiglu, "gelu_tanh": geglu}
 
 
+def top_k(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A router's choice: the softmax of each row of logits (T, E) in float32, its k largest
+    (ties to the lower expert number, as llama.cpp's CPU sort for E <= 16), their weights
+    renormalized to sum 1 where the family does. -> experts (T, k), weights (T, k)"""
+    p = softmax(logits.astype(np.float32))
+    sel = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, sel, axis=-1)
+    if renormalize:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return sel, w
+
+
 class QKNorms(NamedTuple):
     """A layer's RMSNorms of q and k before RoPE (Config.qk_norm): over each head
     ("head": weights (head_dim,)), over each whole projection ("all": (q_dim,), (kv_dim,)),
@@ -237,6 +249,9 @@ class Residual(NamedTuple):
         if self.scale != 1.0:
             y = y * np.float32(self.scale)
         return y
+
+
+PLAIN_RESIDUAL = Residual()  # the product as it is
 
 
 class NumpyOps:
@@ -291,6 +306,31 @@ class NumpyOps:
         h = GATES[act](gate_up[:, :hidden], gate_up[:, hidden:])
         return x + post.apply(self.linear(w, h))
 
+    def moe(self, c: Config, x: np.ndarray, norm: np.ndarray | None, eps: float, experts,
+            post: Residual) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """A mixture of experts' MLP on x (T, dim): the router's choice of each token's k
+        experts from rmsnorm(x) (top_k of its softmax), then their weighted sum (`experts`).
+        -> (x + post(the sum), the experts chosen (T, k))"""
+        h = x if norm is None else rmsnorm(x, norm, eps)
+        logits = self.norm_linear(h, None, eps, experts.router)  # (T, n_experts)
+        sel, w = top_k(logits, c.experts_per_token, c.norm_topk)
+        return self.experts(c, x, h, sel, w, experts, post), sel
+
+    def experts(self, c: Config, x: np.ndarray, h: np.ndarray, sel: np.ndarray, w: np.ndarray,
+                experts, post: Residual) -> np.ndarray:  # fmt: skip
+        """x + post(sum over each token's experts sel of w * expert(h)): each chosen expert's
+        product once, of all the tokens routed to it (its rows of h), its SwiGLU; the
+        sums of a token in the order of its experts' numbers, as transformers adds them."""
+        y = np.zeros_like(x)
+        for e in np.unique(sel):
+            t, j = np.nonzero(sel == e)  # the tokens routed to e, and where in their k
+            rows = np.ascontiguousarray(h[t])
+            gate_up = self.norm_linear(rows, None, np.float32(0), experts.gate_up[e])
+            out = np.zeros((len(t), x.shape[1]), np.float32)
+            out = self.gated_linear_add(out, experts.down[e], gate_up, c.mlp_act, PLAIN_RESIDUAL)
+            y[t] += w[t, j][:, None] * out
+        return x + post.apply(y)
+
     def attention(
         self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,
         qk: QKNorms,
@@ -309,11 +349,12 @@ class NumpyOps:
         return attention(q, view.k, view.v, mask, c.attn_scale, c.attn_softcap)
 
     def decode_blocks(
-        self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span
-    ) -> bool:
+        self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,
+        chosen: np.ndarray,
+    ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, where a
-        backend has it (ops_compiled); False: the forward pass runs the blocks one operation
-        at a time."""
+        backend has it (ops_compiled), a mixture of experts' choices written into chosen
+        (layers, k); False: the forward pass runs the blocks one operation at a time."""
         return False
 
     def decode_batch(

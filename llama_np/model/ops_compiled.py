@@ -17,13 +17,17 @@ import numpy as np
 
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
-from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary
+from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
 from quant import Matrix
 from quant.compiled import attention, fewblocks, kinds, layers, ops
+from quant.compiled.experts import experts_batch
 from quant.compiled.fewdot import FEW
 from quant.compiled.weights import CompiledMatrix, f32_stack_into
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
+# tokens at most whose experts run as (token, expert) pairs (quant.compiled.experts); more
+# (a prompt): one batch product per chosen expert, its tokens' rows (igemm's panels)
+PAIRED = 64
 
 
 def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
@@ -95,13 +99,28 @@ class Blocks:
     norms and biases stacked by layer; and, per KV cache, the addresses of its layers."""
 
     def __init__(self, blocks: Sequence, c: Config) -> None:
-        """`blocks`: llama_np.model.transformer.Layer, each product in a compiled format."""
+        """`blocks`: llama_np.model.transformer.Layer, each product in a compiled format. A
+        mixture of experts' layer: its router's row, then each expert's gate_up and down
+        rows (`routers`: the router's row and the rows from one expert to the next; plan:
+        expert 0's)."""
         operands, self.plan = [], np.zeros((len(blocks), 4, 2), np.int64)
+        self.routers = np.zeros((len(blocks), 2), np.int64)
         for i, b in enumerate(blocks):
-            for j, w in enumerate((b.wqkv, b.wo, b.w_gate_up, b.w_down)):
-                parts = [p.operands() for p in w.leaves()]
-                self.plan[i, j] = len(operands), len(operands) + len(parts)
-                operands += parts
+            mlp = (b.w_gate_up, b.w_down) if b.experts is None else ()
+            for j, w in enumerate((b.wqkv, b.wo, *mlp)):
+                self.plan[i, j] = len(operands), len(operands) + len(w.leaves())
+                operands += [p.operands() for p in w.leaves()]
+            if b.experts is not None:
+                self.routers[i] = len(operands), stride_of(b.experts)
+                operands.append(b.experts.router.operands())
+                pairs = zip(b.experts.gate_up, b.experts.down, strict=True)
+                for e, (gate_up, down) in enumerate(pairs):
+                    if e == 0:
+                        n = len(operands)
+                        self.plan[i, 2] = n, n + len(gate_up.leaves())
+                        self.plan[i, 3] = self.plan[i, 2, 1], n + self.routers[i, 1]
+                    operands += [p.operands() for p in (*gate_up.leaves(), *down.leaves())]
+        self.experts = layers.moe_spec(c.n_experts, c.experts_per_token, c.norm_topk)
         self.table = layers.table(operands)
         unused = np.zeros(c.dim, np.float32)  # a norm the family has not: never read
         norms = [(b.attn_norm, b.mlp_norm, b.attn_post_norm, b.mlp_post_norm) for b in blocks]
@@ -121,9 +140,11 @@ class Blocks:
     @staticmethod
     def packable(blocks: Sequence) -> bool:
         """Whether every product has compiled kernels over 2-D C-contiguous arrays (what
-        the table can name); if not, decode runs the blocks call by call."""
-        parts = [p for b in blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)
-                 for p in w.leaves()]  # fmt: skip
+        the table can name), and a mixture of experts' experts are each laid out alike;
+        if not, decode runs the blocks call by call."""
+        if any(b.experts is not None and stride_of(b.experts) is None for b in blocks):
+            return False
+        parts = [p for b in blocks for w in b.matrices() for p in w.leaves()]
         return all(isinstance(p, CompiledMatrix) for p in parts) and all(
             layers.addressable(a) for p in parts for a in p.operands().arrays
         )
@@ -136,6 +157,15 @@ class Blocks:
             at = np.array([[layers.address(a) for a in k + v] for k, v in stores], np.int64)
             self._kv[cache] = at
         return at
+
+
+def stride_of(experts) -> int | None:
+    """Table rows from one expert to the next (its gate_up's parts and its down's), or None
+    when the experts' matrices are not all cut in the same parts."""
+    pairs = zip(experts.gate_up, experts.down, strict=True)
+    strides = {len(g.leaves()) + len(d.leaves()) for g, d in pairs}
+    firsts = {len(g.leaves()) for g in experts.gate_up}
+    return strides.pop() if len(strides) == 1 and len(firsts) == 1 else None
 
 
 def span_kinds(windows: list) -> np.ndarray | None:
@@ -154,6 +184,7 @@ class CompiledOps(NumpyOps):
         self.team: int | None = None  # iterations of its parallel loop (None: the threads)
         self._blocks: tuple[Sequence, Blocks | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
+        self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
 
     def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
@@ -164,10 +195,11 @@ class CompiledOps(NumpyOps):
 
     def decode_blocks(
         self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rots: list,
-        spans: list,
+        spans: list, chosen: np.ndarray,
     ) -> bool:  # fmt: skip
-        """One token through every decoder block in one compiled call, x (1, dim) in place;
-        False (nothing done) when the blocks cannot be packed. rots, spans: per layer."""
+        """One token through every decoder block in one compiled call, x (1, dim) in place,
+        a mixture of experts' choices into chosen (layers, k); False (nothing done) when
+        the blocks cannot be packed. rots, spans: per layer."""
         packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or x.shape[0] != 1:
             return False
@@ -179,7 +211,8 @@ class CompiledOps(NumpyOps):
         layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
                              np.float32(c.norm_eps), packed.form, cos, sin, packed.spec, keys,
                              values, packed.kv_addresses(cache), slots, n_keys, self.ints,
-                             self.team or numba.get_num_threads())  # fmt: skip
+                             self.team or numba.get_num_threads(), packed.experts,
+                             packed.routers, chosen)  # fmt: skip
         return True
 
     def decode_batch(
@@ -193,6 +226,8 @@ class CompiledOps(NumpyOps):
         sequence, per layer."""
         packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or not 1 < x.shape[0] <= FEW or (packed.quantized and not self.ints):
+            return False
+        if packed.experts[0]:  # a batch groups its tokens by expert: the calls one by one
             return False
         if not (x.flags.c_contiguous and x.flags.writeable):
             return False
@@ -317,6 +352,88 @@ class CompiledOps(NumpyOps):
     def gated_linear_add(self, x: np.ndarray, w: Matrix, gate_up: np.ndarray, act: str,
                          post: Residual) -> np.ndarray:  # fmt: skip
         return self._residual(x, w, gate_up, ops.GATED[act], post)
+
+    def moe(self, c: Config, x: np.ndarray, norm: np.ndarray | None, eps: float, experts,
+            post: Residual) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """One token: the router's product, its choice and the chosen experts' products
+        one call each, their weighted sum added to x in place, with the one-call step's
+        functions (layers.mlp_of_experts), so the bits agree. Several tokens: grouped by
+        expert (NumpyOps.moe), each expert one product of its tokens' rows."""
+        if x.shape[0] != 1:
+            return self._moe_batch(c, x, norm, eps, experts, post)
+        mode, norm = (ops.PLAIN, ops.NO_NORM) if norm is None else (ops.NORM, norm)
+        logits = np.empty(c.n_experts, np.float32)
+        product(experts.router, x[0], logits, mode, norm, eps, False, self.dot)
+        k = c.experts_per_token
+        sel, w = np.empty(k, np.int64), np.empty(k, np.float32)
+        ops.route(logits, k, c.norm_topk, sel, w)
+        gate_up, outs = np.empty(2 * c.hidden_dim, np.float32), np.empty((k, c.dim), np.float32)
+        for j, e in enumerate(sel):
+            product(experts.gate_up[e], x[0], gate_up, mode, norm, eps, False, self.dot)
+            product(experts.down[e], gate_up, outs[j], ops.GATED[c.mlp_act], ops.NO_NORM,
+                    ops.ZERO, False, self.dot)  # fmt: skip
+        post_norm = NO_VECTOR if post.norm is None else post.norm
+        ops.experts_add(x[0], outs, w, post_norm, np.float32(post.eps), np.float32(post.scale),
+                        np.empty(c.dim, np.float32))  # fmt: skip
+        return x, sel[None]
+
+    def _moe_batch(self, c: Config, x: np.ndarray, norm: np.ndarray | None, eps: float,
+                   experts, post: Residual) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Several tokens: the router's product of every row, its choice, then the chosen
+        experts in one compiled call (quant.compiled.experts: each expert's rows read once
+        for all the pairs routed to it), x in place."""
+        table = self._experts_table(experts)
+        quantized = table is not None and (table[0][:, layers.KIND] >= kinds.Q8_0).any()
+        if table is None or norm is None or (quantized and not self.ints) or len(x) > PAIRED:
+            return super().moe(c, x, norm, eps, experts, post)  # (fewdot's kernels take
+            # quantized products' x as integers)
+        k, logits = c.experts_per_token, self.norm_linear(x, norm, eps, experts.router)
+        sel, w = top_k(logits, k, c.norm_topk)
+        return self.chosen_experts(c, x, norm, eps, sel, w, experts, post), sel
+
+    def chosen_experts(
+        self, c: Config, x: np.ndarray, norm: np.ndarray, eps: float, sel: np.ndarray,
+        w: np.ndarray, experts, post: Residual,
+    ) -> np.ndarray:  # fmt: skip
+        """x (T, dim) + post(each token's experts sel (T, k), weighted by w, on rmsnorm(x)
+        * norm) in one compiled call, in place where x is C-contiguous."""
+        table = self._experts_table(experts)
+        order = np.argsort(sel, axis=1)  # each token's experts in ascending order
+        sel, w = np.take_along_axis(sel, order, 1), np.take_along_axis(w, order, 1)
+        members = np.argsort(sel.ravel(), kind="stable")  # the pairs, expert by expert
+        union, counts = np.unique(sel.ravel()[members], return_counts=True)
+        first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        rows, factors, gate_up, down, stride = table
+        post_norm = NO_VECTOR if post.norm is None else post.norm
+        x = np.ascontiguousarray(x)
+        experts_batch(x, rows, factors, gate_up, down, stride, norm, np.float32(eps), ops.NORM,
+                      ops.GATED[c.mlp_act], np.ascontiguousarray(w, np.float32),
+                      union.astype(np.int64), first, members.astype(np.int64), post_norm,
+                      np.float32(post.scale), self.ints,
+                      self.team or numba.get_num_threads())  # fmt: skip
+        return x
+
+    def _experts_table(self, experts) -> tuple | None:
+        """A mixture of experts' layer as quant.compiled.experts takes it (made once): its
+        experts' gate_up and down rows in a table (rows, factors), expert 0's rows of
+        each, and the rows from one expert to the next; None when its experts are not all
+        compiled and cut alike. (A model without experts never asks.)"""
+        got = self._tables.get(id(experts))
+        if got is not None and got[0] is experts:
+            return got[1]
+        stride = stride_of(experts)
+        pairs = list(zip(experts.gate_up, experts.down, strict=True))
+        parts = [p for g, d in pairs for p in (*g.leaves(), *d.leaves())]
+        if stride is None or not all(
+            isinstance(p, CompiledMatrix) and all(map(layers.addressable, p.operands().arrays))
+            for p in parts
+        ):
+            return None
+        t, n = layers.table([p.operands() for p in parts]), len(experts.gate_up[0].leaves())
+        spec = (t.rows, t.factors, np.array([0, n], np.int64), np.array([n, stride], np.int64),
+                stride)  # fmt: skip
+        self._tables[id(experts)] = (experts, spec, t)  # t keeps the arrays' owners alive
+        return spec
 
     def attention(
         self, c: Config, qkv: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,

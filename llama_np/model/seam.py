@@ -77,9 +77,14 @@ class Seam:
         operations have it: then records `reads` (the blocks' weights, norms and biases by
         category, as the calls one by one record them) and each layer's KV span, and says
         True; False (nothing done) when they do not. rots, spans: per layer."""
-        done = self.ops.decode_blocks(self.config, blocks, x, cache, rots, spans)
+        c = self.config
+        chosen = np.zeros((len(blocks), c.experts_per_token), np.int64)
+        done = self.ops.decode_blocks(c, blocks, x, cache, rots, spans, chosen)
         if done:
             self._blocks_read(reads, [spans])
+            for layer, sel in zip(blocks, chosen, strict=True):
+                if layer.experts is not None:
+                    self._experts_read(layer.experts, sel)
         return done
 
     def decode_batch(
@@ -105,6 +110,22 @@ class Seam:
             for span in layers:
                 self.meter.read("kv_cache", span.read_nbytes)
                 self.meter.write("kv_cache", span.write_nbytes)
+
+    def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
+        """A mixture of experts' MLP: x + scale * post_norm(sum over each token's k experts
+        of weight * expert(rmsnorm(x))), the router's choice; records the router and each
+        expert read once however many tokens it serves (the step's union), and how many."""
+        self.meter.read("norms", nbytes(norm, post.norm))
+        x, sel = self.ops.moe(self.config, x, norm, self.eps, experts, post)
+        self._experts_read(experts, sel)
+        return x
+
+    def _experts_read(self, experts, sel: np.ndarray) -> None:
+        """A mixture of experts' router, and each expert of the choices `sel` once."""
+        used = np.unique(sel)
+        read = sum(experts.gate_up[e].nbytes + experts.down[e].nbytes for e in used)
+        self.meter.read("mlp_weights", experts.router.nbytes + int(read))
+        self.meter.experts(len(used))
 
     def linear_add(
         self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str, post: Residual
@@ -171,4 +192,10 @@ class Profiled(Seam):
         t0 = perf_counter()
         out = super().gated_linear_add(x, w, gate_up, category, post)
         self.meter.lap(category, t0)
+        return out
+
+    def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().moe(x, norm, experts, post)
+        self.meter.lap("mlp_weights", t0)
         return out

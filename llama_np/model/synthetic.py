@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from llama_arch import Config, load_config
-from llama_np.errors import UsageError
-from llama_np.model.build import Tensor, build_weights, layer_shapes, layer_tensor_names
+from llama_np.model.build import (
+    Tensor,
+    build_weights,
+    layer_shapes,
+    layer_tensor_names,
+    role_shape,
+)
 from llama_np.model.transformer import Transformer
 from quant.backends import Backend, numpy_backend
 
@@ -28,20 +33,21 @@ def random_model(
     """A model of this shape whose matrices hold random values in `fmt` (default f32),
     laid out for `backend` (default: NumPy's); norms are ones, biases small."""
     c = config
-    if c.n_experts > 1:
-        raise UsageError(f"{c.name}: synthetic models have no experts")
     backend = backend or numpy_backend()
     cls, rng = backend.weight_class(fmt or "f32"), np.random.default_rng(seed)
     shapes = layer_shapes(c)
     tensors: dict[str, Tensor] = {}
     for i in range(c.n_layers):
         for role, name in layer_tensor_names(i, c).items():
-            if len(shapes[role]) == 2:
-                tensors[name] = cls.random(shapes[role], rng)
+            shape = role_shape(shapes, role)
+            if role == "router":  # float32, as llama.cpp keeps it
+                tensors[name] = backend.weight_class("f32").random(shape, rng)
+            elif len(shape) == 2:
+                tensors[name] = cls.random(shape, rng)
             elif role.startswith("b"):
-                tensors[name] = rng.standard_normal(shapes[role], np.float32) * np.float32(0.1)
+                tensors[name] = rng.standard_normal(shape, np.float32) * np.float32(0.1)
             else:
-                tensors[name] = np.ones(shapes[role], np.float32)
+                tensors[name] = np.ones(shape, np.float32)
     table = backend.weight_class(head or fmt or "f32")
     tensors["model.embed_tokens.weight"] = table.random((c.vocab_size, c.dim), rng)
     if not c.tie_embeddings:

@@ -37,6 +37,18 @@ def ops_for(backend: Backend) -> NumpyOps:
 
 
 @dataclass
+class Experts:
+    """A mixture of experts' MLP: a router and n_experts SwiGLU MLPs."""
+
+    router: Matrix  # (n_experts, dim): float32, as llama.cpp keeps it
+    gate_up: list[Matrix]  # (n_experts,) of (2 * hidden_dim, dim): each expert's gate, up
+    down: list[Matrix]  # (n_experts,) of (dim, hidden_dim)
+
+    def matrices(self) -> list[Matrix]:
+        return [self.router, *self.gate_up, *self.down]
+
+
+@dataclass
 class Layer:
     """One decoder block. Matrices that read the same input are stacked by rows, so each
     is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up. The vectors a family
@@ -44,8 +56,8 @@ class Layer:
 
     wqkv: Matrix  # (n_heads * head_dim + 2 * n_kv_heads * head_dim, dim)
     wo: Matrix  # (dim, n_heads * head_dim)
-    w_gate_up: Matrix  # (2 * hidden_dim, dim)
-    w_down: Matrix  # (dim, hidden_dim)
+    w_gate_up: Matrix | None  # (2 * hidden_dim, dim); None: experts instead
+    w_down: Matrix | None  # (dim, hidden_dim)
     attn_norm: np.ndarray | None = None  # (dim,): before attention (all but olmo2)
     mlp_norm: np.ndarray | None = None  # (dim,): before the MLP
     attn_post_norm: np.ndarray | None = None  # (dim,): on attention's output (gemma, olmo2)
@@ -53,6 +65,13 @@ class Layer:
     q_norm: np.ndarray | None = None  # (head_dim,) or (q_dim,): q before RoPE
     k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,): k before RoPE
     qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
+    experts: Experts | None = None  # a mixture of experts' MLP, instead of w_gate_up, w_down
+
+    def matrices(self) -> list[Matrix]:
+        """Every matrix of the block."""
+        if self.experts is not None:
+            return [self.wqkv, self.wo, *self.experts.matrices()]
+        return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
 
     def vectors(self) -> list[np.ndarray]:
         """The norm weights it has."""
@@ -71,9 +90,7 @@ class Weights:
     def matrices(self) -> list[Matrix]:
         """Every distinct matrix once (a tied embedding is one matrix)."""
         seen: dict[int, Matrix] = {}
-        for w in [self.embed, self.lm_head] + [
-            m for l in self.layers for m in (l.wqkv, l.wo, l.w_gate_up, l.w_down)
-        ]:
+        for w in [self.embed, self.lm_head] + [m for l in self.layers for m in l.matrices()]:
             seen.setdefault(id(w), w)
         return list(seen.values())
 
@@ -209,7 +226,8 @@ class Transformer:
             reads["norms"] += sum(v.nbytes for v in l.vectors())
             reads[ATTN] += l.wqkv.nbytes + l.wo.nbytes
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
-            reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
+            if l.experts is None:  # (a mixture of experts never runs in one call)
+                reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
         return dict(reads)
 
     def _blocks(self, x: np.ndarray, attend: Callable) -> np.ndarray:
@@ -221,8 +239,11 @@ class Transformer:
             att = attend(qkv, i, QKNorms(layer.q_norm, layer.k_norm, eps))  # (T, q_dim)
             post = Residual(layer.attn_post_norm, eps, scale)
             x = seam.linear_add(x, layer.wo, att, ATTN, post)
-            gate_up = seam.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
             post = Residual(layer.mlp_post_norm, eps, scale)
+            if layer.experts is not None:  # each token through the k experts it is routed to
+                x = seam.moe(x, layer.mlp_norm, layer.experts, post)
+                continue
+            gate_up = seam.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
             x = seam.gated_linear_add(x, layer.w_down, gate_up, MLP, post)
         return x
 

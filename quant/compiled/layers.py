@@ -31,7 +31,7 @@ from . import attention, ggml, intdot, matvec
 from .jit import kernel
 from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
 from .matvec import CHUNK
-from .ops import GEGLU, NORM, PLAIN, SWIGLU, gated, residual, rmsnorm
+from .ops import GEGLU, NORM, PLAIN, SWIGLU, experts_add, gated, residual, rmsnorm, route
 from .team import LINE, finish, grain_of, take
 
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
@@ -371,7 +371,93 @@ def append_tokens(qkv, cos, sin, spec, keys, values, slot0):
 # down's residual add. The residual adds run as phases of their own (one thread; the
 # others wait) only where the family norms or scales a sub-block's output (gemma, olmo2,
 # granite): the add needs the whole product. Elsewhere a product adds into x as it goes.
+# A mixture of experts' layer: qkv, attention, o, o's add, the router, the chosen experts'
+# gate_up products, their down products, and their weighted sum added.
 PHASES = 7
+MOE_PHASES = 8
+
+
+@kernel(inline=True)
+def phases_of(experts):
+    """A layer's phases: PHASES, or a mixture of experts' (experts: moe_spec)."""
+    return PHASES if experts[0] == 0 else MOE_PHASES
+
+
+@kernel
+def experts_phase(sync, k, x, outs, sel, w, norm, eps, scale, y, chosen):
+    """Phase k, one item: the chosen experts' outputs weighted and added to x
+    (ops.experts_add), and their numbers written into `chosen`."""
+    if take(sync, k, 1, 1) < 1:
+        experts_add(x, outs, w, norm, eps, scale, y)
+        chosen[:] = sel
+        finish(sync, k, 1, 1)
+    else:
+        finish(sync, k, 0, 1)
+
+
+@kernel(inline=True)
+def expert_at(rows, p0, p1, sel, stride, c):
+    """Which chosen expert j chunk c of an experts' phase falls in, and its first chunk:
+    expert j's chunks follow expert j - 1's (expert e's rows: p0:p1 plus e stride)."""
+    first = 0
+    for j in range(sel.shape[0]):
+        n = chunks(rows, p0 + sel[j] * stride, p1 + sel[j] * stride)
+        if c < first + n:
+            return j, first
+        first += n
+    return sel.shape[0], first
+
+
+@kernel
+def experts_product(sync, k, threads, rows, factors, p0, p1, sel, stride, xs, shared, norm, eps,
+                    mode, outs, none, buf, ints):  # fmt: skip
+    """Phase k: outs[j] = W_j @ prologue(x_j) for each chosen expert j (W_j: table rows
+    p0:p1 plus sel[j] stride; x_j: xs[0] when `shared`, else xs[j]), the experts' chunks
+    one list that the threads take from: a thread's stream runs on from one expert's rows
+    into the next's without waiting. A thread prepares x_j when its chunk is expert j's and
+    x_j is not what it prepared last (once in all when shared)."""
+    n = 0
+    for j in range(sel.shape[0]):
+        n += chunks(rows, p0 + sel[j] * stride, p1 + sel[j] * stride)
+    grain = grain_of(n, threads)
+    c = take(sync, k, grain, n)
+    finished, ready = 0, -1
+    v = head(xs[0], norm, eps, PLAIN, buf[0])  # (typed here; prepared below)
+    while c < n:
+        end = min(n, c + grain)
+        while c < end:
+            j, first = expert_at(rows, p0, p1, sel, stride, c)
+            a, b = p0 + sel[j] * stride, p1 + sel[j] * stride
+            stop = min(end, first + chunks(rows, a, b))
+            if ready != (0 if shared else j):
+                ready = 0 if shared else j
+                v = head(xs[ready], norm, eps, mode, buf[0])
+                prepare(rows, a, b, v, buf, ints)
+            stack_rows(rows, factors, a, b, v, buf, c - first, stop - first, False, outs[j],
+                       none, ints)  # fmt: skip
+            finished += stop - c
+            c = stop
+        c = take(sync, k, grain, n)
+    finish(sync, k, finished, n)
+
+
+@kernel(inline=True)
+def mlp_of_experts(sync, k, threads, rows, factors, p, router, stride, x, norm, eps, pre, gate,
+                   experts, logits, sel, w, gate_ups, outs, post_norm, scale, y, none, buf,
+                   ints, chosen):  # fmt: skip
+    """Phases k on of a mixture of experts' MLP: the router's product (every thread then
+    chooses the same k experts from its logits: ops.route), the chosen experts' gate_up
+    products, their down products (expert e's table rows: expert 0's, p, plus e stride),
+    their weighted sum added to x."""
+    product(sync, k, threads, rows, factors, router, router + 1, x, norm, eps, pre, False,
+            logits, none, buf, ints)  # fmt: skip
+    route(logits, experts[1], experts[2], sel, w)
+    experts_product(sync, k + 1, threads, rows, factors, p[2, 0], p[2, 1], sel, stride,
+                    x.reshape((1, x.shape[0])), True, norm, eps, pre, gate_ups, none, buf,
+                    ints)  # fmt: skip
+    experts_product(sync, k + 2, threads, rows, factors, p[3, 0], p[3, 1], sel, stride,
+                    gate_ups, False, norm, eps, gate, outs, none, buf, ints)  # fmt: skip
+    experts_phase(sync, k + 3, x, outs, sel, w, post_norm, eps, scale, y, chosen)
 
 
 @kernel
@@ -413,7 +499,8 @@ def layer_spec(spec, i):
 
 @kernel
 def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
-           keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat):  # fmt: skip
+           keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
+           logits, gate_ups, outs, chosen):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
     hd = values[0].shape[2]
     q_dim = qkv.shape[0] - 2 * values[0].shape[0] * hd
@@ -425,8 +512,10 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
     pre, gate, post, scale = form
     fused = not post and scale == np.float32(1)  # the residual add inside the products
     post_n = x.shape[0] if post else 0  # the post-norms' length (0: none)
+    phases = phases_of(experts)
+    sel, w = np.empty(max(experts[1], 1), np.int64), np.empty(max(experts[1], 1), np.float32)
     for i in range(plan.shape[0]):
-        p, k = plan[i], PHASES * i
+        p, k = plan[i], phases * i
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
                 False, qkv, biases[i], buf, ints)  # fmt: skip
         kk = at_addresses(keys, kv_at[i, :nk])
@@ -439,6 +528,12 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
                 PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
+        if experts[0]:
+            mlp_of_experts(sync, k + 4, threads, rows, factors, p, routers[i, 0], routers[i, 1],
+                           x, norms[i, 1], eps, pre, gate, experts, logits, sel, w, gate_ups,
+                           outs, norms[i, 3, :post_n], scale, y, none, buf, ints,
+                           chosen[i])  # fmt: skip
+            continue
         product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
                 False, gate_up, none, buf, ints)  # fmt: skip
         product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
@@ -449,7 +544,8 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
 
 @kernel(parallel=True)
 def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
-                  values, kv_at, slots, n_keys, ints, threads):  # fmt: skip
+                  values, kv_at, slots, n_keys, ints, threads, experts, routers,
+                  chosen):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
     plan (L, 4, 2): per layer, the table rows of its products qkv, o, gate_up and down;
     norms (L, 4, dim): the norms before attention and the MLP and after them (rows a
@@ -460,7 +556,11 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     by layer: (L, n)); keys, values: layer 0's KV stores, and kv_at (L, arrays of both):
     every layer's at its addresses; slots, n_keys (L,): each layer's span. Each layer as
     llama_np.model.transformer.Transformer._blocks runs it; every layer has layer 0's
-    shapes (the buffers are sized by it). One parallel loop, one iteration per thread
+    shapes (the buffers are sized by it). A mixture of experts: experts = (E, k, whether
+    the k weights are renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's
+    router's table row and the table rows from one expert to the next, plan[i, 2:4]
+    expert 0's gate_up and down; the experts each layer chose are written into chosen
+    (L, k). One parallel loop, one iteration per thread
     (team.py): the phases share work through `sync`'s counters. `threads`:
     numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache)."""
     n_kv, hd = values[0].shape[0], values[0].shape[2]
@@ -468,10 +568,22 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     gate_up = np.empty(out_rows(rows, plan[0, 2, 0], plan[0, 2, 1]), np.float32)
     y = np.empty(x.shape[0], np.float32)
     flat = pieces_scratch((qkv.shape[0] - 2 * n_kv * hd) // hd, n_keys.max(), hd)
-    sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
+    sync = np.zeros((phases_of(experts) * plan.shape[0], LINE), np.int64)
+    logits = np.empty(experts[0], np.float32)
+    gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
+    outs = np.empty((experts[1], x.shape[0]), np.float32)
     for _ in prange(threads):
         member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
-               keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat)  # fmt: skip
+               keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts,
+               routers, logits, gate_ups, outs, chosen)  # fmt: skip
+
+
+DENSE = np.zeros(3, np.int64)  # decode_blocks' `experts` for a model without
+
+
+def moe_spec(n_experts: int, k: int, renormalize: bool) -> np.ndarray:
+    """decode_blocks' `experts`: (E, k, renormalize), or DENSE."""
+    return np.array([n_experts, k, renormalize], np.int64) if n_experts > 1 else DENSE
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
@@ -489,4 +601,5 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
                   np.ones((1, 4, dim), np.float32), none, np.float32(1e-5),
                   (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
-                  np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1)  # fmt: skip
+                  np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1, DENSE,
+                  np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip

@@ -89,6 +89,59 @@ def residual(x, y, norm, eps, scale):
             x[i] += scale * y[i]
 
 
+# --- a mixture of experts: the router's choice and the sum of the chosen experts, as the
+# one-call decode step (layers.member) and the calls one by one (llama_np's CompiledOps.moe)
+# both run them
+
+
+@kernel
+def route(logits, k, renorm, sel, w):
+    """The router's choice from its logits (E,): the k largest of their softmax (exp_neg;
+    ties to the lower expert, as llama_np.model.ops.top_k), into sel (k,) in ascending
+    expert order and their probabilities into w (k,), renormalized to sum 1 when renorm.
+    Logits holding NaN still choose k distinct experts (the first ones), their weights NaN."""
+    n = logits.shape[0]
+    top = logits[0]
+    for e in range(1, n):
+        top = max(top, logits[e])
+    p, taken = np.empty(n, np.float32), np.zeros(n, np.bool_)
+    total = np.float32(0)
+    for e in range(n):
+        p[e] = exp_neg(logits[e] - top)
+        total += p[e]
+    for j in range(k):
+        best = -1
+        for e in range(n):
+            if not taken[e] and (best < 0 or p[e] > p[best]):
+                best = e
+        taken[best], sel[j], w[j] = True, best, p[best] / total
+    if renorm:
+        s = np.float32(0)
+        for j in range(k):
+            s += w[j]
+        for j in range(k):
+            w[j] = w[j] / s
+    for j in range(1, k):  # insertion sort by expert: the order the sum adds them in
+        e, v, i = sel[j], w[j], j - 1
+        while i >= 0 and sel[i] > e:
+            sel[i + 1], w[i + 1] = sel[i], w[i]
+            i -= 1
+        sel[i + 1], w[i + 1] = e, v
+
+
+@kernel
+def experts_add(x, outs, w, norm, eps, scale, y):
+    """x += scale * rmsnorm(y) * norm (residual) for y = sum_j w[j] outs[j], the chosen
+    experts' outputs (k, dim) added in their order (ascending expert numbers)."""
+    for i in range(y.shape[0]):
+        y[i] = 0
+    for j in range(w.shape[0]):
+        wj = w[j]
+        for i in range(y.shape[0]):
+            y[i] += wj * outs[j, i]
+    residual(x, y, norm, eps, scale)
+
+
 # What a matrix product may do before and after itself, so that a decode step calls one
 # kernel where it would call three (a call costs ~2 us here: dispatch and a parallel
 # launch). Before: nothing, RMSNorm, or SwiGLU or GeGLU of the input. After: store, or add.

@@ -15,7 +15,8 @@ PUBLISHED = {
     "llama-7b": 6.74e9, "llama-13b": 13.02e9, "llama-33b": 32.53e9, "llama-65b": 65.29e9,
     "llama-2-70b": 68.98e9, "llama-3-8b": 8.03e9, "llama-3-70b": 70.55e9, "mistral-7b": 7.24e9,
     "mixtral-8x7b": 46.70e9, "tinyllama-1.1b": 1.10e9, "smollm2-135m": 134.5e6,
-    "smollm2-360m": 361.8e6, "smollm2-1.7b": 1.711e9,
+    "smollm2-360m": 361.8e6, "smollm2-1.7b": 1.711e9, "olmoe-1b-7b": 6.92e9,
+    "qwen3-30b-a3b": 30.5e9, "granite-3.1-3b-a800m": 3.30e9,
 }  # fmt: skip
 
 
@@ -126,3 +127,21 @@ def test_batching_a_mixture_of_experts_first_adds_bytes():
     assert experts_read(c, 1000) == pytest.approx(8.0)
     b1, b8 = estimate(c, "f16"), estimate(c, "f16", batch=8)
     assert b8.reads["mlp_weights"] > 3 * b1.reads["mlp_weights"]
+
+
+def test_a_mixture_of_experts_ridge_counts_the_experts_a_batch_adds():
+    """B* where the step's memory time, its experts growing with B, meets its arithmetic:
+    later than a dense model's closed form at batch 1's bytes would put it."""
+    from llama_arch import load_config
+
+    c, bw, peak = load_config("olmoe-1b-7b"), 20e9, 200e9
+    e = estimate(c, "q8_0", batch=4)
+    ridge = e.ridge_batch(bw, peak)
+    at = estimate(c, "q8_0", batch=round(ridge))
+    assert at.predict(bw, peak).memory_ms == pytest.approx(at.predict(bw, peak).compute_ms,
+                                                           rel=0.05)  # fmt: skip
+    one = estimate(c, "q8_0")
+    assert one.ridge_batch(bw, peak) == pytest.approx(ridge)  # from any B's estimate
+    v1 = one.per_sequence_bytes
+    fixed_weights = (one.bytes_per_token - v1) / bw / (one.flops / peak - v1 / bw)
+    assert ridge > 2 * fixed_weights  # batch 1's bytes as if they did not grow

@@ -20,7 +20,30 @@ SEQ, TOL = 40, 1e-4
 
 
 def test_every_family_has_a_fixture():
-    assert FAMILIES == ["gemma2", "gemma3", "granite", "olmo2", "phi3", "qwen3", "smollm3"]
+    assert FAMILIES == ["gemma2", "gemma3", "granite", "granitemoe", "mixtral", "olmo2",
+                        "olmoe", "phi3", "qwen3", "qwen3_moe", "smollm3"]  # fmt: skip
+
+
+MOE = ["granitemoe", "mixtral", "olmoe", "qwen3_moe"]
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_no_token_is_near_a_routing_tie(name):
+    """Each token's k-th and (k+1)-th router probabilities (transformers') differ by more
+    than float32 rounding can move them (~1e-7 at these probabilities of ~0.1: logits
+    summed in another order), so the tests above compare the same routes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(FIXTURES / name, dtype=torch.float32)
+    k = ref.config.num_experts_per_tok
+    prompt = ids(2)[:8]  # test_greedy_tokens_identical's, and the tokens it generates
+    for seq in (ids(1), prompt + hf_greedy(ref, prompt, 24)):
+        with torch.no_grad():
+            out = ref(torch.tensor([seq]), output_router_logits=True)
+        for logits in out.router_logits:
+            p = torch.softmax(logits.float(), -1).sort(-1, descending=True).values
+            assert (p[:, k - 1] - p[:, k]).min() > 1e-5
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -60,7 +83,11 @@ def test_greedy_tokens_identical(family):
         ours = llm.tokenize(llm.generate(prompt, n_predict=24, temp=0), bos=False)
         stats = llama_np.generation.generate.Stats()
         llm.generate(prompt, n_predict=24, temp=0, stats=stats)
-    assert stats.generated == hf_greedy(ref, prompt, 24), ours
+        eos = set(llm.tokenizer.eos_ids) | set(llm.config.eos_ids)
+    theirs = hf_greedy(ref, prompt, 24)  # which does not stop at the end of text; ours does
+    ends = [i for i, t in enumerate(theirs) if t in eos]
+    assert stats.generated == theirs[: ends[0] if ends else 24], ours
+    assert stats.stop_reason == ("eos" if ends else "length")
 
 
 def test_the_metadata_reads_as_llama_cpp_reads_it():
@@ -79,6 +106,13 @@ def test_the_metadata_reads_as_llama_cpp_reads_it():
     gr = c["granite"]
     assert (gr.embed_scale, gr.residual_scale, gr.logits_scaling) == (6.0, pytest.approx(0.3), 4.0)
     assert gr.attn_scale == pytest.approx(0.04)
+    moe = {f: (c[f].n_experts, c[f].experts_per_token, c[f].norm_topk, c[f].hidden_dim)
+           for f in MOE}  # fmt: skip
+    # llama.cpp renormalizes the k weights of all but OLMoE's, whatever the config said
+    assert moe == {"mixtral": (5, 2, True, 40), "qwen3_moe": (16, 4, True, 20),
+                   "olmoe": (7, 3, False, 24), "granitemoe": (4, 1, True, 40)}  # fmt: skip
+    assert (c["olmoe"].qk_norm, c["qwen3_moe"].qk_norm) == ("all", "head")
+    assert c["granitemoe"].logits_scaling == 4.0
 
 
 def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
@@ -116,7 +150,8 @@ def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
     [
         ("lfm2", {}, "unsupported GGUF architecture 'lfm2'"),
         ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
-        ("llama", {"expert_count": 8}, "a mixture of experts (llama.expert_count = 8)"),
+        ("qwen2", {"expert_count": 8}, "a mixture of experts (qwen2.expert_count = 8)"),
+        ("qwen2moe", {}, "unsupported GGUF architecture 'qwen2moe'"),
     ],
 )
 def test_an_architecture_not_run_is_one_line_and_exit_2(tmp_path, capsys, arch, keys, says):

@@ -25,6 +25,10 @@ SHAPES = {
                          sliding_layers=(True, False, True), rope_local_theta=1e4),
     "olmo_like": Config("olmo2", 64, 2, 4, 2, 32, 96, 100, qk_norm="all", pre_norm=False,
                         post_norm=True),
+    # mixtures of experts: the router (float32) and the experts the step chose, counted
+    "moe_like": Config("mixtral", 64, 2, 4, 2, 32, 96, 100, n_experts=5, experts_per_token=2),
+    "qwen3_moe_like": Config("qwen3_moe", 64, 2, 4, 1, 32, 96, 100, qk_norm="head",
+                             n_experts=9, experts_per_token=3, norm_topk=False),
 }  # fmt: skip
 WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
@@ -48,7 +52,10 @@ def test_meter_equals_speed_of_light_bytes(name, fmt, kv, kernels):
         step = model.meter.last
         assert step.kind == "decode" and step.pos == pos
         embed = model.weights.embed.fmt
-        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=embed, kernels=kernels)
+        used = step.experts or None  # a mixture of experts: what its router chose
+        assert len(step.experts) == (shape.n_layers if shape.n_experts > 1 else 0)
+        est = estimate(shape, fmt, kv, pos=pos, head=head, embed=embed, kernels=kernels,
+                       experts=used)  # fmt: skip
         assert step.reads == est.reads, f"position {pos}"
         assert step.writes["kv_cache"] == est.kv_write_bytes
 

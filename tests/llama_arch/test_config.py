@@ -98,11 +98,11 @@ def test_any_llama_family_shape_reads_for_the_speed_of_light_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     s = load_config(str(tmp_path))
     assert s.qkv_bias and s.tie_embeddings and s.head_dim == 64 and s.name == tmp_path.name
-    cfg = {**cfg, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    cfg = {**cfg, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     s = load_config(str(tmp_path))
-    assert (s.arch, s.n_experts, s.experts_per_token, s.qkv_bias) == ("mixtral", 8, 2, False)
-    with pytest.raises(ConfigError, match="unsupported model_type 'mixtral'"):
+    assert (s.arch, s.n_experts, s.experts_per_token, s.qkv_bias) == ("qwen2_moe", 8, 2, False)
+    with pytest.raises(ConfigError, match="unsupported model_type 'qwen2_moe'"):
         read_config_json(tmp_path / "config.json")  # the engine's reading refuses it
     assert load_config("SmolLM2-135M") is PRESETS["smollm2-135m"]
     with pytest.raises(ConfigError, match="neither a preset"):
