@@ -12,6 +12,7 @@ arrays live in the arena; the matrices the model then holds never move."""
 from __future__ import annotations
 
 import copy
+import ctypes
 from typing import Any, TypeVar
 
 import numpy as np
@@ -87,4 +88,18 @@ def pack(matrices: list[M]) -> tuple[list[M], np.ndarray | None]:
                 view[...] = a
         out.append(_copy(m, place, done))
         del m
+    give_back_freed()
     return out, buf
+
+
+def give_back_freed() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim; elsewhere
+    nothing). The originals `pack` freed were allocated below glibc's mmap threshold (up to
+    32 MiB a matrix) on the heap, which free() does not shrink: a synthetic OLMoE of 4.2
+    GB in q4_0 held 9.0 GB resident after building, 5.1 GB after this."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
