@@ -15,6 +15,7 @@ FLOPs / the ceiling of the arithmetic its kernels run).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +27,7 @@ from bench.runner import Row, Settings, beats_its_bound, rehold, run
 from llama_np.api import load
 from llama_np.model.decoder import Decoder
 from llama_np.model.synthetic import synthetic_model
+from quant.arena import give_back_freed
 from quant.backends import get_backend
 from quant.host import usable_cores
 
@@ -93,7 +95,11 @@ def sweep(sw: Sweep, weights: str | None, s: Settings, probe: Probe,
         probe = reprobe(probe, [r.working_set for *_, rows in runs for r in rows], threads)
         for dec, settings, rows in runs:
             rehold(rows, dec, settings, probe)
-    return [r for *_, rows in runs for r in rows], probe
+    out = [r for *_, rows in runs for r in rows]
+    del m, runs, dec  # the model's GBs gone before the next is built (give_back_freed)
+    gc.collect()
+    give_back_freed()
+    return out, probe
 
 
 def verdict(r: Row) -> str:
