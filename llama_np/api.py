@@ -191,6 +191,7 @@ def load(
         src.check_tensors()
     if isinstance(model, str) and model in MODELS:
         src.config = replace(src.config, name=model)  # reports name it by its alias
-    w = build_weights(src.config, src.tensors, weights, head, progress=progress, backend=backend)
+    w = build_weights(src.config, src.tensors, weights, head, progress=progress, backend=backend,
+                      consume=True)  # fmt: skip
     model = Transformer(src.config, w, backend).start(threads or usable_cores())
     return LLM(model, src.tokenizer, src.path)

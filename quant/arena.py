@@ -20,6 +20,7 @@ import numpy as np
 from .base import Matrix
 
 ALIGN = 64  # a cache line: every array starts on one
+TRIM_EVERY = 256 << 20  # bytes copied between give_back_freed calls while packing
 M = TypeVar("M", bound=Matrix)
 
 
@@ -77,7 +78,7 @@ def pack(matrices: list[M]) -> tuple[list[M], np.ndarray | None]:
     buf = whole[start : start + total]
     place: dict[int, np.ndarray] = {}
     done: dict[int, Any] = {}
-    out = []
+    out, copied = [], 0
     matrices.reverse()
     while matrices:
         m = matrices.pop()
@@ -86,8 +87,12 @@ def pack(matrices: list[M]) -> tuple[list[M], np.ndarray | None]:
                 at = offsets[id(a)]
                 place[id(a)] = view = buf[at : at + a.nbytes].view(a.dtype).reshape(a.shape)
                 view[...] = a
+                copied += a.nbytes
         out.append(_copy(m, place, done))
         del m
+        if copied > TRIM_EVERY:  # the originals freed so far back to the system
+            give_back_freed()
+            copied = 0
     give_back_freed()
     return out, buf
 
@@ -96,7 +101,8 @@ def give_back_freed() -> None:
     """Hand the heap's freed pages back to the system (glibc's malloc_trim; elsewhere
     nothing). The originals `pack` freed were allocated below glibc's mmap threshold (up to
     32 MiB a matrix) on the heap, which free() does not shrink: a synthetic OLMoE of 4.2
-    GB in q4_0 held 9.0 GB resident after building, 5.1 GB after this."""
+    GB in q4_0 held 9.0 GB resident after building, 5.1 GB after this. `pack` calls it as
+    it goes, so that it needs the arena and the originals not yet copied."""
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim

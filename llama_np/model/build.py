@@ -148,14 +148,20 @@ def build_weights(
     head_fmt: str | None = None,
     progress: bool = False,
     backend: Backend | None = None,
+    consume: bool = False,
 ) -> Weights:
     """The model's weights: matrices converted to `fmt` (None keeps each as stored; the LM
-    head may get its own format) in the backend's layout (default: NumPy's)."""
+    head may get its own format) in the backend's layout (default: NumPy's). `consume`:
+    empty `tensors` once read, so that each matrix the arena has copied is freed (a file's
+    matrices loaded in the compiled layout are already copies: held by `tensors` too, a
+    model needed twice its size until built)."""
     c, backend = config, backend or numpy_backend()
     for f in (fmt, head_fmt):
         if f is not None:
             backend.weight_class(f)  # an unknown format fails before any work
     layers, glob = checked_tensors(c, tensors)
+    if consume:
+        tensors.clear()
     tied = glob["head"] is None
     todo = sum(isinstance(v, Weight) for r in layers for v in r.values()) + 2 - tied
     bar = tqdm(
