@@ -15,7 +15,8 @@ from llama_arch import Config
 def gguf_bytes_per_token(path: Path, config: Config, pos: int) -> float:
     """What a decode step reads from a GGUF at rest: every matrix and vector as stored
     (the embedding table once for its row, counted as that row, unless it is also the
-    head), plus llama.cpp's default float16 KV cache at `pos`."""
+    head; of a mixture of experts' stacked tensors the k of E experts a token is routed
+    to), plus llama.cpp's default float16 KV cache at `pos`."""
     import gguf
 
     total = 0.0
@@ -25,6 +26,8 @@ def gguf_bytes_per_token(path: Path, config: Config, pos: int) -> float:
         if t.name == "token_embd.weight":
             row = t.n_bytes / int(t.shape[1])
             total += row + (t.n_bytes if tied else 0)
+        elif "_exps." in t.name:  # blk.N.ffn_*_exps: every expert's rows, stacked
+            total += t.n_bytes * config.experts_per_token / config.n_experts
         else:
             total += t.n_bytes
     return total + estimate(config, "f32", kv="f16", pos=pos).kv_bytes
