@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 CATEGORIES = ("attn_weights", "mlp_weights", "lm_head", "embedding", "norms", "kv_cache")
+# time that reads nothing: threads idle at a one-call step's barriers (profile only)
+WAITS = "waits"
 
 
 @dataclass
@@ -24,7 +26,9 @@ class Step:
     sequences: int = 1  # a batched decode step: one token of each of n_tokens sequences
     reads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys((*CATEGORIES, WAITS), 0.0)
+    )
     wall: float = 0.0  # seconds from begin to end
     experts: list[int] = field(default_factory=list)  # a mixture of experts: the distinct
     # experts each layer read, in layer order (every token's k, the batch's union)
@@ -68,6 +72,10 @@ class Meter:
     def lap(self, category: str, t0: float) -> None:
         """Add the time since t0 (a time.perf_counter() value) to `category`."""
         self._step.seconds[category] += time.perf_counter() - t0
+
+    def spent(self, category: str, seconds: float) -> None:
+        """Add `seconds` to `category` (a one-call step's phases, timed inside it)."""
+        self._step.seconds[category] += seconds
 
     def end(self) -> Step:
         step, self._step = self._step, None

@@ -137,7 +137,25 @@ def profile_table(row: Row) -> str:
     lines.append(
         f"{'total':18s} {total:8.3f} {100.0:5.1f}% {row.profile['total']['bytes'] / 1e6:8.2f}"
     )
-    return "\n".join(lines)
+    return "\n".join(lines + gap_lines(row))
+
+
+def gap_lines(row: Row) -> list[str]:
+    """The profile's total split into the bytes at the probe's rate (the speed of light),
+    the kernels' time beyond that, and the time between kernels (waits and outside)."""
+    if row.sol_ms is None:
+        return []
+    p = row.profile
+    between = p["waits"]["ms"] + p["outside kernels"]["ms"]
+    kernels = p["total"]["ms"] - between
+    return [
+        "the gap to the speed of light:",
+        f"  its bytes at the probe's rate {row.sol_ms:8.3f} ms "
+        f"({row.sol_bytes_per_token / 1e6:.2f} MB at {row.attainable_gbs:.1f} GB/s)",
+        f"  the kernels beyond that       {kernels - row.sol_ms:8.3f} ms",
+        f"  between kernels               {between:8.3f} ms (waits at the barriers "
+        f"{p['waits']['ms']:.3f}, outside {p['outside kernels']['ms']:.3f})",
+    ]
 
 
 def pyplot():

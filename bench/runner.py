@@ -21,7 +21,7 @@ from tqdm import tqdm
 from llama_arch import Config
 
 from .devices import Device
-from .meter import CATEGORIES, Meter
+from .meter import CATEGORIES, WAITS, Meter
 from .probe import Probe
 from .sol import Estimate, estimate, experts_read, weights_label
 
@@ -259,12 +259,13 @@ def rehold(rows: list[Row], dec: Decoder, s: Settings, probe: Probe) -> None:
 
 
 def _profile(steps: list) -> dict[str, dict[str, float]]:
-    """Per category: ms and bytes per token and GB/s; 'outside kernels' is the rest."""
+    """Per category: ms and bytes per token and GB/s; 'waits' the threads' idle time at a
+    one-call step's barriers; 'outside kernels' the rest (Python, the calls' entries)."""
     n = len(steps)
     out: dict[str, dict[str, float]] = {}
-    for cat in CATEGORIES:
+    for cat in (*CATEGORIES, WAITS):
         t = sum(st.seconds[cat] for st in steps) / n
-        b = sum(st.reads[cat] for st in steps) / n
+        b = sum(st.reads.get(cat, 0) for st in steps) / n
         out[cat] = {"ms": 1e3 * t, "bytes": b, "gbs": b / t / 1e9 if t else 0.0}
     total = sum(st.wall for st in steps) / n
     inside = sum(v["ms"] for v in out.values()) / 1e3

@@ -357,6 +357,11 @@ class NumpyOps:
         (layers, k); False: the forward pass runs the blocks one operation at a time."""
         return False
 
+    def step_seconds(self) -> dict[str, float]:
+        """The last one-call decode step's time by the meter's categories, and "waits" (see
+        ops_compiled); only after a decode_blocks that said True."""
+        raise NotImplementedError
+
     def decode_batch(
         self, c: Config, blocks: list, x: np.ndarray, caches: list, rots: list, spans: list
     ) -> bool:

@@ -19,12 +19,18 @@ from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
 from quant import Matrix
-from quant.compiled import attention, fewblocks, kinds, layers, ops
+from quant.compiled import attention, fewblocks, kinds, layers, ops, team
 from quant.compiled.experts import experts_batch
 from quant.compiled.fewdot import FEW
 from quant.compiled.weights import CompiledMatrix, f32_stack_into
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
+# the meter's category of what each phase of decode_blocks reads (step_seconds)
+PHASE_CATEGORY = {"qkv": "attn_weights", "attention": "kv_cache", "o": "attn_weights",
+                  "o residual": "norms", "gate_up": "mlp_weights", "down": "mlp_weights",
+                  "down residual": "norms", "router": "mlp_weights",
+                  "experts gate_up": "mlp_weights", "experts down": "mlp_weights",
+                  "experts add": "norms"}  # fmt: skip
 # tokens at most whose experts run as (token, expert) pairs (quant.compiled.experts); more
 # (a prompt): one batch product per chosen expert, its tokens' rows (igemm's panels)
 PAIRED = 64
@@ -185,6 +191,7 @@ class CompiledOps(NumpyOps):
         self._blocks: tuple[Sequence, Blocks | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
+        self.last_step: tuple[np.ndarray, int, bool] | None = None  # decode_blocks' timers
 
     def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
@@ -208,12 +215,27 @@ class CompiledOps(NumpyOps):
         cos, sin = np.stack([r.cos[0] for r in rots]), np.stack([r.sin[0] for r in rots])
         slots = np.array([s.slot for s in spans], np.int64)
         n_keys = np.array([s.n_keys for s in spans], np.int64)
-        layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms, packed.biases,
-                             np.float32(c.norm_eps), packed.form, cos, sin, packed.spec, keys,
-                             values, packed.kv_addresses(cache), slots, n_keys, self.ints,
-                             self.team or numba.get_num_threads(), packed.experts,
-                             packed.routers, chosen)  # fmt: skip
+        threads = self.team or numba.get_num_threads()
+        sync = layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms,
+                                    packed.biases, np.float32(c.norm_eps), packed.form, cos,
+                                    sin, packed.spec, keys, values, packed.kv_addresses(cache),
+                                    slots, n_keys, self.ints, threads, packed.experts,
+                                    packed.routers, chosen)  # fmt: skip
+        self.last_step = (sync, threads, bool(packed.experts[0]))
         return True
+
+    def step_seconds(self) -> dict[str, float]:
+        """The last one-call decode step's time by its phases' own timers (team.py): the
+        threads' work per phase, summed by the meter's category of what the phase reads
+        (the residual adds under "norms"), and their waits at the phases' barriers."""
+        sync, threads, moe = self.last_step
+        work, waits = team.phase_seconds(sync, threads)
+        names = layers.MOE_PHASE_NAMES if moe else layers.PHASE_NAMES
+        out = dict.fromkeys(PHASE_CATEGORY.values(), 0.0)
+        for k, w in enumerate(work):
+            out[PHASE_CATEGORY[names[k % len(names)]]] += float(w)
+        out["waits"] = float(waits.sum())
+        return out
 
     def decode_batch(
         self, c: Config, blocks: Sequence, x: np.ndarray, caches: list, rots: list, spans: list

@@ -147,11 +147,18 @@ class Seam:
 
 class Profiled(Seam):
     """The same calls, each timed into the meter's category of the bytes it reads (a
-    product's fused norm and activation count as the product's time). The blocks run one
+    product's fused norm and activation count as the product's time). A decode step's
+    blocks in one call are timed by its phases' own clocks; a batch's blocks run one
     operation at a time, so that each has a time of its own."""
 
     def decode_blocks(self, *args) -> bool:
-        return False
+        """The one-call step where there is one, its time split by its phases' own timers
+        (what it spends beyond them, the call's entry and exit, is outside the kernels)."""
+        done = super().decode_blocks(*args)
+        if done:
+            for category, seconds in self.ops.step_seconds().items():
+                self.meter.spent(category, seconds)
+        return done
 
     def decode_batch(self, *args) -> bool:
         return False

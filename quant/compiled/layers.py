@@ -32,7 +32,7 @@ from .jit import kernel
 from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
 from .matvec import CHUNK
 from .ops import GEGLU, NORM, PLAIN, SWIGLU, experts_add, gated, residual, rmsnorm, route
-from .team import LINE, finish, grain_of, take
+from .team import LINE, finish, grain_of, start, take
 
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
 KIND, ROWS, CODE, NBYTES, WEIGHTS, FIRST = range(6)  # the columns; arrays from FIRST on
@@ -375,6 +375,8 @@ def append_tokens(qkv, cos, sin, spec, keys, values, slot0):
 # gate_up products, their down products, and their weighted sum added.
 PHASES = 7
 MOE_PHASES = 8
+PHASE_NAMES = ("qkv", "attention", "o", "o residual", "gate_up", "down", "down residual")
+MOE_PHASE_NAMES = (*PHASE_NAMES[:4], "router", "experts gate_up", "experts down", "experts add")
 
 
 @kernel(inline=True)
@@ -502,6 +504,7 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
            keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
            logits, gate_ups, outs, chosen):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
+    start(sync)  # the step's start (team.phase_seconds)
     hd = values[0].shape[2]
     q_dim = qkv.shape[0] - 2 * values[0].shape[0] * hd
     n = max(x.shape[0], gate_up.shape[0] // 2, q_dim)
@@ -562,13 +565,15 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     expert 0's gate_up and down; the experts each layer chose are written into chosen
     (L, k). One parallel loop, one iteration per thread
     (team.py): the phases share work through `sync`'s counters. `threads`:
-    numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache)."""
+    numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache).
+    Returns `sync`: each phase's row (layer i's phases from phases_of(experts) i), then the
+    step's start, with their clocks (team.phase_seconds)."""
     n_kv, hd = values[0].shape[0], values[0].shape[2]
     qkv = np.empty(out_rows(rows, plan[0, 0, 0], plan[0, 0, 1]), np.float32)
     gate_up = np.empty(out_rows(rows, plan[0, 2, 0], plan[0, 2, 1]), np.float32)
     y = np.empty(x.shape[0], np.float32)
     flat = pieces_scratch((qkv.shape[0] - 2 * n_kv * hd) // hd, n_keys.max(), hd)
-    sync = np.zeros((phases_of(experts) * plan.shape[0], LINE), np.int64)
+    sync = np.zeros((phases_of(experts) * plan.shape[0] + 1, LINE), np.int64)
     logits = np.empty(experts[0], np.float32)
     gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
     outs = np.empty((experts[1], x.shape[0]), np.float32)
@@ -576,6 +581,7 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
         member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
                keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts,
                routers, logits, gate_ups, outs, chosen)  # fmt: skip
+    return sync
 
 
 DENSE = np.zeros(3, np.int64)  # decode_blocks' `experts` for a model without

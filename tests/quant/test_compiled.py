@@ -4,6 +4,7 @@ products within float32 rounding, the same KV caches, and no float64 inside a ke
 from __future__ import annotations
 
 import re
+import time
 
 import numba
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from quant import FORMATS as NUMPY
 from quant.backends import numba_backend
 from quant.compiled import FORMATS as COMPILED
-from quant.compiled import attention, dequant, fewdot, igemm, intdot, matmat, matvec, ops
+from quant.compiled import attention, dequant, fewdot, igemm, intdot, matmat, matvec, ops, team
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
 from tests.helpers import fits, make_weight
@@ -502,3 +503,27 @@ def test_a_prompt_in_two_calls_is_decode_token_by_token(kv, n_heads, n_kv, hd, p
     mask = causal_mask(np.arange(p0, n), np.arange(n), None)
     ref = np_attention(q, pk.load(0, n), pv.load(0, n), mask)
     np.testing.assert_allclose(prompt, ref, rtol=0, atol=2e-6 * np.abs(ref).max() + 1e-7)
+
+
+def test_phase_seconds_split_a_step_into_work_and_waits(monkeypatch) -> None:
+    """Two threads start at 100 and 110 ticks; phase 0 is released at 300, its threads
+    having spun 100 ticks in all; phase 1 did not run (a fused residual add); phase 2 is
+    released at 400 after 60 ticks spun (a late thread spun none: it moves nothing)."""
+    sync = np.zeros((4, team.LINE), np.int64)
+    sync[3, team.RELEASE] = team.EPOCH - 100
+    sync[0, team.RELEASE], sync[0, team.WAITED] = 300, 100
+    sync[2, team.RELEASE], sync[2, team.WAITED] = 400, 60
+    monkeypatch.setattr(team, "ticks_per_second", lambda: 10.0)
+    work, waits = team.phase_seconds(sync, 2)
+    np.testing.assert_allclose(work, [15.0, 0, 7.0])
+    np.testing.assert_allclose(waits, [5.0, 0, 3.0])
+    assert work.sum() + waits.sum() == pytest.approx((400 - 100) / 10)
+
+
+def test_the_clock_runs_at_its_measured_rate() -> None:
+    rate = team.ticks_per_second()
+    assert 1e8 < rate < 1e11
+    c0, t0 = team.now(), time.perf_counter()
+    time.sleep(0.05)
+    c1, t1 = team.now(), time.perf_counter()
+    assert (c1 - c0) / rate == pytest.approx(t1 - t0, rel=0.1)

@@ -255,3 +255,28 @@ def test_a_batch_in_one_call_equals_call_by_call(case: str, kv: str, kernels: st
     each, reads_each, writes_each = decode_batch(model, kv, False, PROMPTS[:b])
     same_logits(one, each, kv, kernels)
     assert reads == reads_each and writes == writes_each
+
+
+@pytest.mark.parametrize("team", [None, 5])
+@pytest.mark.parametrize("case", ["q4_0 gqa", "bf16 granite", "q4_0 mixtral"])
+def test_a_profiled_step_is_the_one_call_timed_by_its_phases(case: str, team: int | None):
+    """`bench --profile` times the one-call step itself (the same logits as unprofiled):
+    its phases' work by the meter's categories and their waits, inside the step's wall
+    time; phases a family does not run take nothing. team 5: five members on the threads
+    there are, some starting after the others have run phases without them (what a busy
+    machine does to a thread)."""
+    model = model_for(case, "numba-int16")
+    plain, _, _ = decode(model, "f32", True)
+    model.meter.profile, model.ops.team = True, team
+    try:
+        timed, _, _ = decode(model, "f32", True)
+    finally:
+        model.meter.profile, model.ops.team = False, None
+    np.testing.assert_array_equal(timed, plain)
+    step = model.meter.last
+    s = step.seconds
+    assert min(s["attn_weights"], s["mlp_weights"], s["kv_cache"], s["lm_head"]) > 0
+    assert s["waits"] >= 0 and sum(s.values()) < step.wall
+    # phases of their own: granite's scaled residual adds, a mixture's weighted sum of its
+    # experts; llama's adds run inside the products
+    assert (s["norms"] > 0) == (case != "q4_0 gqa")
