@@ -49,6 +49,10 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     ops.prepare_rows_shared(x[None], x, np.float32(1e-5), ops.NORM, out[None])
     ops.swiglu(x, out[:32])
     ops.residual(out.copy(), out.copy(), x, np.float32(1e-5), np.float32(1))
+    sel, w = np.empty(2, np.int64), np.empty(2, np.float32)  # a mixture of experts' token
+    ops.route(x[:8].copy(), 2, True, sel, w)
+    ops.experts_add(out.copy(), np.ones((2, 64), np.float32), w, x, np.float32(1e-5),
+                    np.float32(1), np.empty(64, np.float32))  # fmt: skip
     cos, sin = np.ones(16, np.float32), np.zeros(16, np.float32)
     none = np.zeros(0, np.float32)
     spec = attention.spec_of(none, none, 1e-5, 0.125, 0.0)
