@@ -26,6 +26,7 @@ and that wait: what `llama-np bench --profile` reports. A thread the system star
 from __future__ import annotations
 
 import functools
+import platform
 import time
 
 import numpy as np
@@ -40,6 +41,7 @@ NEXT, DONE = 0, 1  # a phase's counters
 RELEASE, WAITED = 2, 3  # its timers: the clock when it was done, its threads' ticks spun
 EPOCH = 1 << 62  # a step's start is stored as EPOCH less its clock (`start`)
 LINE = 8  # int64 per phase: each phase's counters on a cache line of their own
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")  # rdtsc (`clock`)
 
 
 def _at(context, builder, sig, args):
@@ -72,9 +74,13 @@ def fetch_max(typingctx, sync, k, j, v):
 @intrinsic
 def clock(typingctx):
     """The time-stamp counter (x86 `rdtsc`: constant rate on these machines; ticks per
-    second by `ticks_per_second`)."""
+    second by `ticks_per_second`). Elsewhere 0: LLVM's cycle counter on Arm reads a
+    register user code may not (a fault), so a step there times nothing (the profile puts
+    it outside the kernels)."""
 
     def codegen(context, builder, sig, args):
+        if not X86:
+            return ir.Constant(ir.IntType(64), 0)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter"
         )
@@ -172,4 +178,4 @@ def phase_seconds(sync: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarra
         work[k] = lasted - waits[k]
         prev = release[k]
     rate = ticks_per_second()
-    return work / rate, waits / rate
+    return (work / rate, waits / rate) if rate else (work, waits)
