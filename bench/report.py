@@ -142,8 +142,9 @@ def profile_table(row: Row) -> str:
 
 def gap_lines(row: Row) -> list[str]:
     """The profile's total split into the bytes at the probe's rate (the speed of light),
-    the kernels' time beyond that, and the time between kernels (waits and outside)."""
-    if row.sol_ms is None:
+    the kernels' time beyond that, and the time between kernels (waits and outside); at
+    batch 1 only: a profiled batch runs its blocks one call at a time, not as decode does."""
+    if row.sol_ms is None or row.batch != 1:
         return []
     p = row.profile
     between = p["waits"]["ms"] + p["outside kernels"]["ms"]
