@@ -246,10 +246,23 @@ def measure_families(ctx: argparse.Namespace) -> dict:
             "peers": peers}  # fmt: skip
 
 
-def render_families(data: dict, plots: Path) -> str:
+def peer_tables(peers: dict) -> list[str]:
+    """Per preset and file (families.compare's output): the one-sequence table against
+    llama.cpp, then the batched one."""
     import compare_peers
     import peers_batch
 
+    out = []
+    for preset, files in peers.items():
+        for kind, d in files.items():
+            one = d["one"]
+            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
+                    compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
+                    peers_batch.table(d["batch"]), ""]  # fmt: skip
+    return out
+
+
+def render_families(data: dict, plots: Path) -> str:
     out = ["One sequence of each family's preset, random weights in q8_0 and q4_0 (`llama-np "
            "bench -m synthetic:PRESET --weights W -p 8 -n 16 -r 3`, compiled kernels, int16 x), "
            "held against its speed of light; llama-3.2-1b is the llama path beside them:", "",
@@ -257,13 +270,7 @@ def render_families(data: dict, plots: Path) -> str:
            "Against llama.cpp on the same files (random weights at the preset's shape, made by "
            "llama.cpp's converter, Q4_K_M by its quantizer; `scripts/families.py`), llama-np "
            "as stored: one sequence (prefill of 128 tokens, decode), and batched decode:", ""]  # fmt: skip
-    for preset, files in data["peers"].items():
-        for kind, d in files.items():
-            one = d["one"]
-            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
-                    compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
-                    peers_batch.table(d["batch"]), ""]  # fmt: skip
-    return "\n".join(out)
+    return "\n".join(out + peer_tables(data["peers"]))
 
 
 MOE_PRESET, MOE_BATCHES = "olmoe-1b-7b", (1, 4, 16, 64)
@@ -291,9 +298,6 @@ def measure_moe(ctx: argparse.Namespace) -> dict:
 
 
 def render_moe(data: dict, plots: Path) -> str:
-    import compare_peers
-    import peers_batch
-
     rows = rows_of(data)
     out = [f"{MOE_PRESET} (64 experts, 8 a token), random weights (`llama-np bench -m "
            f"synthetic:{MOE_PRESET} --weights W --batch 1,4,16,64 -n 12 -r 3`, compiled "
@@ -304,13 +308,7 @@ def render_moe(data: dict, plots: Path) -> str:
            "Against llama.cpp on the same files (random weights at the preset's shape, made by "
            "llama.cpp's converter, Q4_0 by its quantizer; `scripts/families.py --files "
            "q8_0,q4_0`), llama-np as stored:", ""]  # fmt: skip
-    for preset, files in data["peers"].items():
-        for kind, d in files.items():
-            one = d["one"]
-            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
-                    compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
-                    peers_batch.table(d["batch"]), ""]  # fmt: skip
-    return "\n".join(out)
+    return "\n".join(out + peer_tables(data["peers"]))
 
 
 PPL_TEXT = ROOT / "data" / "gpl-3.0.txt"
