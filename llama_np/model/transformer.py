@@ -226,7 +226,7 @@ class Transformer:
             reads["norms"] += sum(v.nbytes for v in l.vectors())
             reads[ATTN] += l.wqkv.nbytes + l.wo.nbytes
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
-            if l.experts is None:  # (a mixture of experts never runs in one call)
+            if l.experts is None:  # (experts: recorded per step, by its choices: _experts_read)
                 reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
         return dict(reads)
 
