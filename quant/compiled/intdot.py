@@ -192,6 +192,7 @@ def rows_k(blocks, fmt, nbytes, xq, xd16, xb16, lo, c0, c1, add, out):
             zero16(mins, 16 * i)
         bg = row(blocks, g)
         for blk in range(nblocks):
+            ahead(bg, GROUP * blk * nbytes, GROUP * nbytes)
             for i in range(GROUP):
                 o = (GROUP * blk + i) * nbytes
                 k_block(fmt, acc, mins, 16 * i, bg, o, xq, 256 * blk, xd16, xb16, 16 * blk, lo)

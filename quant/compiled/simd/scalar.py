@@ -210,7 +210,8 @@ def row(a, g):
     return carray(pointer_to(a, g * a.shape[1]), a.shape[1])
 
 
-AHEAD = 4096  # bytes: how far ahead of a block kernel's reads prefetch() asks for its lines
+AHEAD = 4096  # bytes: how far ahead of a block kernel's reads ahead() asks into L1
+AHEAD_L2 = 16384  # ... and into L2
 
 
 @intrinsic
@@ -220,12 +221,24 @@ def prefetch(typingctx, a, i):
     hardware prefetcher alone fell behind: on the 2-vCPU Xeon VM, q4_0 int16 products of
     4864 x 1024 from DRAM streamed 10.7 GB/s, 14.1-14.4 with a line asked for 2-4 KiB
     ahead each block (a kernel copy timed side by side), and a SmolLM2-135M token as stored
-    fell from 9.7-11.2 to 7.6-8.3 ms (DEVELOPERS.md, "Prefetch"). The K-quant kernels,
-    which spend more instructions per byte, did not gain and do not ask."""
+    fell from 9.7-11.2 to 7.6-8.3 ms (DEVELOPERS.md, "Prefetch")."""
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
         prefetch_ir(builder, builder.gep(ary.data, [args[1]]), 3)
+        return context.get_dummy_value()
+
+    return types.none(a, types.intp), codegen
+
+
+@intrinsic
+def prefetch_l2(typingctx, a, i):
+    """prefetch() into L2 and beyond, not L1 (`prefetcht1`): an ask that holds an L2 miss
+    slot, of which a core has several times more than of L1's fill buffers."""
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        prefetch_ir(builder, builder.gep(ary.data, [args[1]]), 2)
         return context.get_dummy_value()
 
     return types.none(a, types.intp), codegen
@@ -246,7 +259,13 @@ def prefetch_ir(builder, ptr, locality: int) -> None:
 
 @kernel(inline=True)
 def ahead(a, at, n):
-    """prefetch() the lines of the n bytes AHEAD bytes past a.flat[at] (a of bytes): a
-    block kernel's next reads, asked for one block at a time."""
+    """Ask for the lines of the n bytes AHEAD_L2 bytes past a.flat[at] into L2, and of the
+    n bytes AHEAD past it into L1 (a of bytes): a block kernel's next reads, asked for one
+    block at a time. From DRAM, asking into L1 alone kept too few lines in flight (L1's
+    fill buffers): on the 2-vCPU Xeon (family 6 model 167), the synthetic SmolLM2-360M
+    q8_0 step took 16.0-18.8 ms a token, 13.9-16.7 asking 16 KiB ahead into L2 as well;
+    into L2 alone SmolLM2-135M (98 MB, in what that guest calls its L3) lost 5%
+    (DEVELOPERS.md, "Prefetch")."""
     for k in range(0, n, 64):
+        prefetch_l2(a, at + AHEAD_L2 + k)
         prefetch(a, at + AHEAD + k)
