@@ -2,20 +2,13 @@ import pytest
 
 from tests.helpers import SP_CORPUS, build_hf_model
 
-# Test files that take minutes in one test (a fresh process compiling most kernels): run
-# first, so that on two workers (scripts/test.sh, a file at a time) the other worker runs
-# the rest beside them, not the whole suite waiting for them at the end
-LONGEST_FIRST = ("test_compile_order.py",)
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/integration is slow (real models, references, fuzzing,
-    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests.
-    The files of LONGEST_FIRST go first."""
+    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests."""
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)
 
 
 @pytest.fixture(scope="session")

@@ -263,9 +263,9 @@ def ahead(a, at, n):
     n bytes AHEAD past it into L1 (a of bytes): a block kernel's next reads, asked for one
     block at a time. From DRAM, asking into L1 alone kept too few lines in flight (L1's
     fill buffers): on the 2-vCPU Xeon (family 6 model 167), the synthetic SmolLM2-360M
-    q8_0 step took 16.0-18.8 ms a token, 13.9-16.7 asking 16 KiB ahead into L2 as well;
-    into L2 alone SmolLM2-135M (98 MB, in what that guest calls its L3) lost 5%
-    (DEVELOPERS.md, "Prefetch")."""
+    q8_0 step took 16.0-18.8 ms a token asking into L1 alone, 13.9-14.4 asking 16 KiB
+    ahead into L2 as well; into L2 alone, SmolLM2-135M (98 MB, in what that guest calls
+    its L3) lost 3-7% (DEVELOPERS.md, "Prefetch")."""
     for k in range(0, n, 64):
         prefetch_l2(a, at + AHEAD_L2 + k)
         prefetch(a, at + AHEAD + k)
