@@ -30,6 +30,7 @@ from numba import get_num_threads, prange
 
 from bench.probe import machine_id
 from llama_arch.presets import PRESETS
+from llama_np.model.build import layer_shapes
 from quant import arena
 from quant.backends import numba_backend
 from quant.compiled.jit import kernel
@@ -89,10 +90,10 @@ class Run:
 
 
 def preset_shapes(name: str) -> list[tuple[int, int]]:
+    """Each layer's fused products in a step's order: qkv, o, gate_up, down."""
     c = PRESETS[name]
-    layer = [(c.q_dim + 2 * c.kv_dim, c.dim), (c.dim, c.q_dim), (2 * c.hidden_dim, c.dim),
-             (c.dim, c.hidden_dim)]  # fmt: skip
-    return layer * c.n_layers
+    shapes = layer_shapes(c)
+    return [shapes[role] for role in ("wqkv", "wo", "w_gate_up", "w_down")] * c.n_layers
 
 
 def nominal_ghz() -> float:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from bench.meter import WAITS
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
@@ -234,7 +235,7 @@ class CompiledOps(NumpyOps):
         out = dict.fromkeys(PHASE_CATEGORY.values(), 0.0)
         for k, w in enumerate(work):
             out[PHASE_CATEGORY[names[k % len(names)]]] += float(w)
-        out["waits"] = float(waits.sum())
+        out[WAITS] = float(waits.sum())
         return out
 
     def decode_batch(

@@ -223,25 +223,25 @@ def prefetch(typingctx, a, i):
     ahead each block (a kernel copy timed side by side), and a SmolLM2-135M token as stored
     fell from 9.7-11.2 to 7.6-8.3 ms (DEVELOPERS.md, "Prefetch")."""
 
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        prefetch_ir(builder, builder.gep(ary.data, [args[1]]), 3)
-        return context.get_dummy_value()
-
-    return types.none(a, types.intp), codegen
+    return types.none(a, types.intp), _prefetch_at(3)
 
 
 @intrinsic
 def prefetch_l2(typingctx, a, i):
     """prefetch() into L2 and beyond, not L1 (`prefetcht1`): an ask that holds an L2 miss
     slot, of which a core has several times more than of L1's fill buffers."""
+    return types.none(a, types.intp), _prefetch_at(2)
+
+
+def _prefetch_at(locality: int):
+    """The codegen of an ask for the line of a.flat[i] (prefetch_ir's locality)."""
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        prefetch_ir(builder, builder.gep(ary.data, [args[1]]), 2)
+        prefetch_ir(builder, builder.gep(ary.data, [args[1]]), locality)
         return context.get_dummy_value()
 
-    return types.none(a, types.intp), codegen
+    return codegen
 
 
 def prefetch_ir(builder, ptr, locality: int) -> None:
