@@ -82,28 +82,34 @@ def q3_k(builder, b):
     high = _scale_bits(builder, b, 104, 4, 2, 3)
     a = builder.sub(builder.or_(low, builder.shl(high, _splat(high, 4))), _splat(low, 32))
     d = _float16(builder, b, 108)
-    return codes, a, builder.shl(a, _splat(a, 2)), d, d  # x = d a (c - 4)
+    return codes, a, a, d, builder.fmul(d, ir.Constant(ir.FloatType(), 4.0))  # d a (c - 4)
+
+
+def _dwords(builder, q, picks: list[int | None]):
+    """<16 x i32>: lane l is byte picks[l] of the bytes q (zero where None): one byte
+    shuffle (vpermb) with the lanes' upper bytes zeroed."""
+    zero = len(picks)  # an index into the zero vector beside q
+    mask = [b for p in picks for b in ([zero if p is None else p] + [zero] * 3)]
+    both = builder.shuffle_vector(q, ir.Constant(q.type, None), ir.Constant(
+        ir.VectorType(I32, 64), mask))  # fmt: skip
+    return builder.bitcast(both, I32x16)
 
 
 def _scale_min_k4(builder, b):
-    """The 8 6-bit scales and mins of q4_k / q5_k (bytes 4..15), each over 2 lanes of 16."""
-
-    def run(offset):
-        four = _bytes(builder, b, offset, 4)
-        return builder.zext(_spread(builder, four, [s % 4 for s in range(8)]),
-                            ir.VectorType(I32, 8))  # fmt: skip
-
-    s_, m_, both = run(4), run(8), run(12)
-    first = ir.Constant(ir.VectorType(ir.IntType(1), 8), [s < 4 for s in range(8)])
-
-    def pick(v, tail):
-        high = builder.shl(builder.lshr(v, _splat(v, 6)), _splat(v, 4))
-        return builder.select(first, builder.and_(v, _splat(v, 63)), builder.or_(tail, high))
-
-    sc = pick(s_, builder.and_(both, _splat(both, 15)))
-    mn = pick(m_, builder.lshr(both, _splat(both, 4)))
-    twice = [s // 2 for s in range(16)]
-    return _spread(builder, sc, twice), _spread(builder, mn, twice)
+    """The 8 6-bit scales and mins of q4_k / q5_k (bytes 4..15: q[0..11]), each over 2
+    lanes of 16. Scale j < 4 is q[j] & 63, min j < 4 q[j + 4] & 63; for j >= 4 the low
+    4 bits are q[j + 4]'s low (scale) or high (min) nibble and the top 2 the top 2 of
+    q[j - 4] (scale) or q[j] (min). All 16 at once, lane l < 8 scale l, lane 8 + j min j:
+    two byte shuffles, two shifts and one bitwise select."""
+    q = _bytes(builder, b, 4, 16)
+    low = _dwords(builder, q, [*range(4), *range(8, 12), *range(4, 12)])
+    top = _dwords(builder, q, [None] * 4 + [*range(4)] + [None] * 4 + [*range(4, 8)])
+    nibble = builder.lshr(low, ir.Constant(I32x16, [0] * 12 + [4] * 4))
+    keep = ir.Constant(I32x16, ([63] * 4 + [15] * 4) * 2)
+    high = builder.lshr(top, _splat(top, 2))  # bits 6, 7 -> 4, 5 (and 0..5 -> 0..3)
+    both = builder.or_(builder.and_(nibble, keep), builder.and_(high, builder.not_(keep)))
+    return _spread(builder, both, [s // 2 for s in range(16)]), _spread(
+        builder, both, [8 + s // 2 for s in range(16)])  # fmt: skip
 
 
 def q45_k(builder, b, five: bool):
@@ -129,7 +135,7 @@ def q6_k(builder, b):
             codes.append(builder.or_(low, builder.shl(high, _splat(high, 4))))
     a = builder.sext(_bytes(builder, b, 192, 16), I32x16)
     d = _float16(builder, b, 208)
-    return codes, a, builder.shl(a, _splat(a, 5)), d, d  # x = d a (c - 32)
+    return codes, a, a, d, builder.fmul(d, ir.Constant(ir.FloatType(), 32.0))  # d a (c - 32)
 
 
 DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
