@@ -17,6 +17,8 @@ import pytest
 
 from llama_arch import RopeScaling
 from llama_arch.presets import PRESETS
+from llama_np.model.ops import Rotary
+from llama_np.model.ops_compiled import layer_angles
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
 from quant.compiled import fewblocks
@@ -214,6 +216,19 @@ def test_one_call_is_what_decode_runs(monkeypatch) -> None:
     cache = model.new_cache(8)
     model.forward(np.array([1]), cache)
     assert len(calls) == 1  # the prompt's first attention only
+
+
+def test_layer_angles_are_each_layers_own() -> None:
+    """The one call's (L, rotary / 2) angles: layer i's Rotary's, whether the layers share
+    one (the fast path) or take two kinds in any order; float32, C-contiguous."""
+    pos = np.array([7])
+    near, far = (Rotary(pos, f, 22) for f in (np.float32([1.0, 0.5, 0.25]),
+                                               np.float32([0.1, 0.01, 1e-3])))  # fmt: skip
+    for rots in ([near] * 4, [near, far, far, near, far]):
+        cos, sin = layer_angles(rots)
+        assert cos.dtype == np.float32 and cos.flags.c_contiguous and sin.flags.c_contiguous
+        np.testing.assert_array_equal(cos, np.stack([r.cos[0] for r in rots]))
+        np.testing.assert_array_equal(sin, np.stack([r.sin[0] for r in rots]))
 
 
 def decode_batch(model, kv: str, one_call: bool, prompts: list[list[int]]):
