@@ -22,6 +22,7 @@ from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .intdot import group_scales, per_row
 from .jit import kernel
 from .matvec import CHUNK, GROUP, PER, lane_sum, put, spread
+from .simd.groups import put_sums4
 from .simd.int8 import q4_dot_n, q5_dot_n, q8_block_n
 from .simd.kquants import kn_block_q2, kn_block_q3, kn_block_q4, kn_block_q5, kn_block_q6
 from .simd.lanes import (
@@ -33,7 +34,7 @@ from .simd.lanes import (
     fma16_rows_n_f32,
     zero16,
 )
-from .simd.scalar import ahead, row, stack_f32, sum4
+from .simd.scalar import ahead, row, stack_f32
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)
 SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a time
@@ -42,12 +43,7 @@ SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a 
 @kernel(inline=True)
 def put_rows(acc, at, corr, g, rows, v, add, out):
     """out[v, 4 g + i] (+)= the 4 lanes of row i at acc[at + 4 i], plus corr[i]."""
-    for i in range(min(GROUP, rows - GROUP * g)):
-        s = sum4(acc, at + 4 * i)
-        if add:
-            out[v, GROUP * g + i] += s + corr[i]
-        else:
-            out[v, GROUP * g + i] = s + corr[i]
+    put_sums4(acc, at, corr, row(out, v), GROUP * g, min(GROUP, rows - GROUP * g), add)
 
 
 @kernel

@@ -34,10 +34,11 @@ from ..ggml import BLOCK
 from .ggml import Q2_K, Q3_K, Q4_K, Q5_K
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put
+from .simd.groups import group_scales16, put_sums4
 from .simd.int8 import q4_dot, q5_dot, q8_block, quantize_block, sum16
 from .simd.kquants import k_block_q2, k_block_q3, k_block_q4, k_block_q5, k_block_q6
-from .simd.lanes import fma16_f16v, mul16_f16v, zero16
-from .simd.scalar import ahead, f16, row, stack_f32, sum4
+from .simd.lanes import zero16
+from .simd.scalar import ahead, row, stack_f32
 
 
 @kernel
@@ -68,8 +69,7 @@ def quantized(x, wide):
 @kernel(inline=True)
 def row_sums(acc, extra, g, rows, add, out):
     """out[4 g + i] (+)= the 4 lanes of row i, plus extra[i]."""
-    for i in range(min(GROUP, rows - GROUP * g)):
-        put(out, GROUP * g + i, sum4(acc, 4 * i) + extra[i], add)
+    put_sums4(acc, 0, extra, out, GROUP * g, min(GROUP, rows - GROUP * g), add)
 
 
 @kernel
@@ -103,20 +103,10 @@ def per_row(xd, xsum, xd4, xs4):
 def group_scales(scales, mins, g, xd4, xs4, sc, acc, corr):
     """For group g of 4 rows: sc[4 b + i] = (row i's scale of block b) xd[b], and
     corr[i] = sum_b (row i's min of block b) xd[b] xsum[b] (scales, mins: float16 bits,
-    as stored; acc: 16 lanes of scratch). 16 at a time (4 blocks), the rest one by one.
-    Flat offsets, no row views: a view per group costs a reference count taken and
-    dropped (NRT calls) in the hot loop."""
-    n = sc.shape[0]
-    whole, at = n // 16 * 16, g * n
-    zero16(acc, 0)
-    for j in range(0, whole, 16):
-        mul16_f16v(sc, j, scales, at + j, xd4, j)
-        fma16_f16v(acc, 0, mins, at + j, xs4, j)
-    for j in range(whole, n):
-        sc[j] = f16(scales[g, j]) * xd4[j]
-        acc[j - whole] += f16(mins[g, j]) * xs4[j]
-    for i in range(4):
-        corr[i] = acc[i] + acc[4 + i] + acc[8 + i] + acc[12 + i]
+    as stored; acc: unused, kept for the callers' scratch). In vector registers
+    (simd/groups.py), flat offsets: a row view per group costs a reference count taken
+    and dropped (NRT calls) in the hot loop."""
+    group_scales16(scales, mins, g * sc.shape[0], xd4, xs4, sc, corr)
 
 
 @kernel

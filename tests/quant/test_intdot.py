@@ -23,8 +23,9 @@ from quant.ggml import LAYOUTS, assemble, random_blocks
 
 FMTS = intdot.INT8_FORMATS
 BITS = {"int8": 8, "int16": 16}  # the integer dots and the bits of x's integers
-# rows around the groups of 4 and the chunks of 16; 1, 3 and 10 blocks (of 32 or of 256)
-SHAPES = [(1, 1), (3, 3), (4, 1), (5, 10), (17, 3), (33, 10), (70, 5)]
+# rows around the groups of 4 and the chunks of 16; 1 to 10 blocks (of 32 or of 256): 8, a
+# group's scales a whole number of 16 lanes, the others not
+SHAPES = [(1, 1), (3, 3), (4, 1), (5, 10), (6, 8), (17, 3), (33, 10), (70, 5)]
 
 
 def shape_for(fmt: str, shape: tuple[int, int]) -> tuple[int, int]:
