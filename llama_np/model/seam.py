@@ -82,7 +82,7 @@ class Seam:
         done = self.ops.decode_blocks(c, blocks, x, cache, rots, spans, chosen)
         if done:
             self._blocks_read(reads, [spans])
-            for layer, sel in zip(blocks, chosen, strict=True):
+            for layer, sel in zip(blocks, chosen, strict=True) if c.n_experts > 1 else ():
                 if layer.experts is not None:
                     self._experts_read(layer.experts, sel)
         return done
@@ -106,10 +106,9 @@ class Seam:
         sequence's KV bytes in every layer (spans: per sequence, per layer)."""
         for category, n in reads.items():
             self.meter.read(category, n)
-        for layers in spans:
-            for span in layers:
-                self.meter.read("kv_cache", span.read_nbytes)
-                self.meter.write("kv_cache", span.write_nbytes)
+        every = [span for layers in spans for span in layers]
+        self.meter.read("kv_cache", sum(span.read_nbytes for span in every))
+        self.meter.write("kv_cache", sum(span.write_nbytes for span in every))
 
     def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
         """A mixture of experts' MLP: x + scale * post_norm(sum over each token's k experts
