@@ -8,6 +8,8 @@ cannot express, as numba intrinsics, each saying which x86 instruction it become
 - int8.py: byte dot products (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) of a block of 4
   rows with x rounded to int8, the q8_0 / q4 / q5 block decoders around them, and x's
   rounding itself, a block of 32 at a time (quantize_block, sum16).
+- groups.py: what the 4-bit and 5-bit integer kernels do once per group of 4 rows (the
+  blocks' scales times x's, the mins' correction, the rows' sums) in vector registers.
 - kquants.py: the K-quants' super-blocks decoded to integer codes, scales and mins in
   vector registers, then multiplied by int8.dot_u8.
 - panels.py: panels of 16 rows decoded into one integer form (or float32), and the tiles

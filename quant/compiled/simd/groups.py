@@ -3,12 +3,12 @@ vector registers: the blocks' scales times x's with the mins' correction
 (`group_scales16`), and the 16 lanes of the group's sums added into its 4 rows' results
 (`put_sums4`).
 
-Written as loops of scalars (intdot.group_scales, put), these cost a thread ~11 cycles a
-row on the Xeon (family 6 model 167), against ~1.5 a row's block of 32 inside the loop:
-40% more on a 576-column row (SmolLM2-135M), 11% on a 2048-column one. Both sum in the
-order the scalar loops did where that order is written down (a row's 4 lanes, sum4's),
-so the decode kernels and the few-vector ones, which call the same functions, agree bit
-for bit."""
+As numba loops (the scales 16 at a time and the last n mod 16 one by one; the sums
+stored, then loaded and added lane by lane) these cost a thread ~11 cycles a row on the
+Xeon (family 6 model 167), against ~1.5 a row's block of 32 inside the loop: 40% more
+on a 576-column row (SmolLM2-135M), 11% on a 2048-column one (DEVELOPERS.md). A row's 4
+lanes are added in sum4's order, and the decode kernels and the few-vector ones call
+these same functions, so they agree bit for bit."""
 
 from __future__ import annotations
 
