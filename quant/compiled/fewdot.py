@@ -80,7 +80,7 @@ def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, vs, c0, c1, add
     corr = carray(stack_f32(16), (FEW, 4))
     for g in range(c0 * PER, min(groups, c1 * PER)):
         for j in range(n):
-            group_scales(scales, mins, g, row(xd4, j), row(xs4, j), row(sc, j), acc, row(corr, j))
+            group_scales(scales, mins, g, row(xd4, j), row(xs4, j), row(sc, j), row(corr, j))
             for i in range(4):
                 corr[j, i] *= factor
         for j in range(n):

@@ -100,12 +100,11 @@ def per_row(xd, xsum, xd4, xs4):
 
 
 @kernel(inline=True)
-def group_scales(scales, mins, g, xd4, xs4, sc, acc, corr):
+def group_scales(scales, mins, g, xd4, xs4, sc, corr):
     """For group g of 4 rows: sc[4 b + i] = (row i's scale of block b) xd[b], and
     corr[i] = sum_b (row i's min of block b) xd[b] xsum[b] (scales, mins: float16 bits,
-    as stored; acc: unused, kept for the callers' scratch). In vector registers
-    (simd/groups.py), flat offsets: a row view per group costs a reference count taken
-    and dropped (NRT calls) in the hot loop."""
+    as stored). In vector registers (simd/groups.py), flat offsets: a row view per group
+    costs a reference count taken and dropped (NRT calls) in the hot loop."""
     group_scales16(scales, mins, g * sc.shape[0], xd4, xs4, sc, corr)
 
 
@@ -125,7 +124,7 @@ def rows_q4(codes, scales, mins, factor, bits, xq, xd, xsum, lo, c0, c1, add, ou
     acc = carray(stack_f32(16), 16)
     corr = carray(stack_f32(4), 4)
     for g in range(c0 * PER, min(groups, c1 * PER)):
-        group_scales(scales, mins, g, xd4, xs4, sc, acc, corr)
+        group_scales(scales, mins, g, xd4, xs4, sc, corr)
         for i in range(4):
             corr[i] *= factor
         zero16(acc, 0)

@@ -186,36 +186,6 @@ def zero16(typingctx, dst, at):
     return types.void(dst, types.intp), codegen
 
 
-def _vv(kind: str, accumulate: bool):
-    def vv(typingctx, dst, at, a, a_at, b, b_at):
-        """dst.flat[at:at + 16] (+)= a.flat[a_at:a_at + 16] * b.flat[b_at:b_at + 16]: dst
-        and b float32, a float32 or float16 bits by `kind`; `accumulate`: += or =."""
-
-        def codegen(context, builder, sig, args):
-            def ary(k: int):
-                return context.make_array(sig.args[k])(context, builder, args[k])
-
-            f32x16 = ir.VectorType(ir.FloatType(), LANES).as_pointer()
-            dp = builder.bitcast(builder.gep(ary(0).data, [args[1]]), f32x16)
-            a_val, b_val = (
-                _lanes(builder, ary(2), args[3], kind),
-                _lanes(builder, ary(4), args[5], "f32"),
-            )
-            product = builder.fmul(a_val, b_val, flags=["contract"])
-            if accumulate:
-                product = builder.fadd(builder.load(dp, align=4), product, flags=["contract"])
-            builder.store(product, dp, align=4)
-
-        return types.void(dst, types.intp, a, types.intp, b, types.intp), codegen
-
-    vv.__name__ = ("fma16" if accumulate else "mul16") + ("_f16v" if kind == "f16" else "vv")
-    return intrinsic(vv)
-
-
-fma16_f16v = _vv("f16", True)  # acc[at:at + 16] += float16 a[a_at:a_at + 16] * b[b_at:...]
-mul16_f16v = _vv("f16", False)  # dst[at:at + 16] = float16 a[...] * b[...]
-
-
 def _masked(builder, ptr, kind: str, mask):
     """16 elements at ptr as <16 x float> (`kind`: float32, float16 or bfloat16 bits),
     only the lanes of `mask` (<16 x i1>) read and the others zero; all when mask is None."""
