@@ -17,11 +17,20 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .panels import F32x16, I16x16, accumulate, const, first_lanes, masked_load, shuffle, widen
+from .panels import (
+    F32x16,
+    I16x16,
+    accumulate,
+    const,
+    first_lanes,
+    masked_load,
+    shuffle,
+    splat,
+    widen,
+)
 
 F32 = ir.FloatType()
 F32x4 = ir.VectorType(F32, 4)
-I1x4 = ir.VectorType(ir.IntType(1), 4)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
@@ -44,15 +53,6 @@ def masked_store(builder, value, ptr, mask) -> None:
         f"llvm.masked.store.v{vt.count}f32.p0",
     )  # fmt: skip
     builder.call(fn, [value, ptr, const(4, I32), mask])
-
-
-def _load4(builder, ptr, mask):
-    """<4 x float> at ptr, the lanes of mask only (the others zero)."""
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(F32x4, [F32x4.as_pointer(), I32, I1x4, F32x4]),
-        "llvm.masked.load.v4f32.p0",
-    )  # fmt: skip
-    return builder.call(fn, [ptr, const(4, I32), mask, ir.Constant(F32x4, None)])
 
 
 def _quarters(builder, v, lanes):
@@ -123,18 +123,13 @@ def put_sums4(typingctx, acc, at, extra, out, r0, nrows, add):
                          flags=["nsz"])  # fmt: skip
         o = builder.bitcast(_data(context, builder, sig.args[3], args[3], args[4]),
                             F32x4.as_pointer())  # fmt: skip
-        lanes = builder.icmp_signed("<", ir.Constant(ir.VectorType(I64, 4), list(range(4))),
-                                    splat4(builder, args[5]))  # fmt: skip
+        i64x4 = ir.VectorType(I64, 4)
+        nrows = args[5] if args[5].type == I64 else builder.sext(args[5], I64)
+        lanes = builder.icmp_signed("<", ir.Constant(i64x4, list(range(4))),
+                                    splat(builder, nrows, i64x4))  # fmt: skip
+        old = masked_load(builder, o, F32x4, lanes, 4)
         adding = builder.icmp_signed("!=", builder.zext(args[6], I32), const(0, I32))
-        s = builder.select(adding, builder.fadd(_load4(builder, o, lanes), s, flags=["nsz"]), s)
+        s = builder.select(adding, builder.fadd(old, s, flags=["nsz"]), s)
         masked_store(builder, s, o, lanes)
 
     return types.void(acc, types.intp, extra, out, types.intp, types.intp, types.boolean), codegen
-
-
-def splat4(builder, value):
-    """<4 x i64> of the integer value."""
-    vt = ir.VectorType(I64, 4)
-    value = value if value.type == I64 else builder.sext(value, I64)
-    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, const(0, I32))
-    return shuffle(builder, one, ir.Constant(vt, ir.Undefined), [0] * 4)

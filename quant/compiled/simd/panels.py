@@ -558,9 +558,10 @@ def widen(builder, v, kind: str):
 
 
 def masked_load(builder, ptr, vt, mask, align: int = 2):
-    """vt (<16 x float> or <16 x i16>) at ptr, only the lanes of mask (<16 x i1>) read and
-    the others zero: a lane masked off never faults."""
-    name = "llvm.masked.load.v16f32.p0" if vt == F32x16 else "llvm.masked.load.v16i16.p0"
+    """vt (<n x float> or <n x i16>, n 4 or 16) at ptr, only the lanes of mask (<n x i1>)
+    read and the others zero: a lane masked off never faults."""
+    elem = "f32" if isinstance(vt.element, ir.FloatType) else "i16"
+    name = f"llvm.masked.load.v{vt.count}{elem}.p0"
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(vt, [vt.as_pointer(), I32, mask.type, vt]), name
     )
