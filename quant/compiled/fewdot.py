@@ -34,10 +34,9 @@ from .simd.lanes import (
     fma16_rows_n_f32,
     zero16,
 )
-from .simd.scalar import ahead, row, stack_f32
+from .simd.scalar import SHORT_ROW, ahead, row, stack_f32
 
 FEW = 4  # vectors at most: stack_f32 sizes below are 16 lanes x FEW (K-quants: 64 x FEW)
-SHORT_ROW = 4096  # bytes: float rows shorter than this are multiplied one at a time
 
 
 @kernel(inline=True)

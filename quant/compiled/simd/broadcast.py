@@ -19,6 +19,15 @@ time on 3072 x 576).
 8 rows, not 16: rows 8 KiB apart (2048 float32 columns) fall in one set of the 8-way L1,
 and a tile of 16 such rows evicted its own lines: 2048 x 2048 at B = 64 ran 87 GFLOPS with
 16 rows against 172 with 8 (Zen 4, 2 threads).
+
+A tile of short rows (under SHORT_ROW bytes, 1023 columns or fewer) is 8 streams of 36-56
+lines each, which the hardware prefetcher picks up too late (as the few-vector rows,
+fewdot.rows_float): 3072 x 576 at B = 8 read DRAM at 12.8 GB/s where one vector's decode
+reads 21-27. Every other column (one line of 8 rows' columns) a tile asks for a line of the
+tile AHEAD_TILES on, into L2: 3072 x 576 B = 8 / 16 274 / 273-292 us where 552-554 /
+597-649, 4864 x 896 B = 8 523 where 908 (2 threads, weights from DRAM, Xeon family 6 model
+167). Long rows are left to the hardware: asking made 2048 x 2048 slower (709-788 us at
+B = 8 where 595-632).
 """
 
 from __future__ import annotations
@@ -40,18 +49,28 @@ from .panels import (
     splat,
     transpose16,
 )
+from .scalar import SHORT_ROW, prefetch_ir
 
 TILE_ROWS = 8  # rows of a tile: one accumulator per group of vectors
+# Short rows' tiles ask for the one this many tiles on (prefetcht1); see the module's text
+AHEAD_TILES = 4
+AHEAD_ROWS = AHEAD_TILES * TILE_ROWS
 TILE_LANES = 16  # vectors of a group: the accumulators' lanes
 NARROW_LANES = 8  # a product of at most 8 vectors: groups of 8 lanes
 
 
-def _loop(builder, wrow, xbase, cols, lanes: int):
+def _loop(builder, wrow, xbase, cols, lanes: int, ahead, short):
     """The loop over the columns: per group j and row r, acc[j][r] += w[r, k] xt[j, k]
-    (<lanes x float>); returns the accumulators, by group then row (zeros when cols is 0)."""
+    (<lanes x float>); returns the accumulators, by group then row (zeros when cols is 0).
+    For short rows (`short`, an i1) every other column also asks for a line of the tile
+    AHEAD_TILES on (`ahead`: its first float; k TILE_ROWS floats on, the tile's lines in
+    order, each asked for once)."""
     rows, vt = len(wrow), ir.VectorType(ir.FloatType(), lanes)
 
     def body(k, accs):
+        even = builder.icmp_signed("==", builder.and_(k, const(1)), const(0))
+        with builder.if_then(builder.and_(short, even)):
+            prefetch_ir(builder, builder.gep(ahead, [builder.mul(k, const(TILE_ROWS))]), 2)
         xk = builder.mul(k, const(lanes))
         xv = [builder.load(builder.bitcast(builder.gep(xb, [xk]), vt.as_pointer()), align=4)
               for xb in xbase]  # fmt: skip
@@ -97,7 +116,9 @@ def _tile(groups: int, lanes: int = 16):
             group = builder.mul(cols, const(lanes))  # floats of one group of xt
             xbase = [builder.gep(xa.data, [builder.mul(builder.add(g0, const(j)), group)])
                      for j in range(groups)]  # fmt: skip
-            final = _loop(builder, wrow, xbase, cols, lanes)
+            ahead = builder.gep(wa.data, [builder.mul(builder.add(r0, const(AHEAD_ROWS)), cols)])
+            short = builder.icmp_signed("<", cols, const(SHORT_ROW // 4))
+            final = _loop(builder, wrow, xbase, cols, lanes, ahead, short)
             pad = [ir.Constant(I32x16, None)] * (16 - TILE_ROWS)
             for j in range(groups):
                 rows = [_widened(builder, p) for p in final[j]]

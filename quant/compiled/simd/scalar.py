@@ -212,6 +212,10 @@ def row(a, g):
 
 AHEAD = 4096  # bytes: how far ahead of a block kernel's reads ahead() asks into L1
 AHEAD_L2 = 16384  # ... and into L2
+# bytes: float rows shorter than this are read one at a time by few vectors (fewdot.rows_float)
+# and asked for ahead by many (broadcast.py): the hardware prefetcher picks up 4-8 streams
+# of such rows too late
+SHORT_ROW = 4096
 
 
 @intrinsic
