@@ -33,9 +33,16 @@ def _splat(v, k: int):
 
 def _fields(builder, v, shifts: tuple[int, int], mask: int):
     """<64 x i8>: the field (byte >> shift) & mask of the 32 bytes v, first with shifts[0],
-    then with shifts[1]."""
-    lo, hi = (builder.lshr(v, _splat(v, k)) if k else v for k in shifts)
-    both = concat(builder, lo, hi)
+    then with shifts[1]. v twice (a broadcast load where v is loaded) shifted as 8 quad
+    words, each half by its shift: a byte's field keeps none of the bits the next byte
+    shifts in while mask < 2^(8 - shift). One shift and one mask, no lane insert (the
+    shuffle port is the busy one): one thread, 512 x 2048 in L2, int16 x, q5_k 1.76-1.81
+    ns a row's block of 32 where 1.92, q4_k unchanged (Xeon family 6 model 167)."""
+    assert mask < 1 << (8 - max(shifts))
+    both = concat(builder, v, v)
+    quads = ir.VectorType(ir.IntType(64), 8)
+    by = ir.Constant(quads, [shifts[0]] * 4 + [shifts[1]] * 4)
+    both = builder.bitcast(builder.lshr(builder.bitcast(both, quads), by), both.type)
     return builder.and_(both, _splat(both, mask))
 
 
