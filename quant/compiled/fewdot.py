@@ -157,8 +157,9 @@ def rows_float(w, x, vs, c0, c1, add, out, fma4, fma1):
     (fma1), so that a thread's weights are one sequential stream, which the hardware
     prefetcher follows where 4 streams of short rows it does not (DEVELOPERS.md, "f32
     rows one at a time"), each asking for one further on (ask_row): 3072 x 576 f32 at B =
-    4 from DRAM 208-222 us where 385-410 (2 threads, Xeon family 6 model 167). Long rows'
-    groups of 4 do not ask: 2048 x 2048 at B = 2-4 ran slower asking 16 rows on."""
+    4 from DRAM 208-222 us where 385-410 (2 threads, Xeon family 6 model 167; a scratch
+    copy asking 16 or 32 rows on). Long rows' groups of 4 do not ask: 2048 x 2048 at B =
+    2-4 ran slower asking 16 rows on (535-628 us where 467-499)."""
     r0, end = c0 * CHUNK, min(w.shape[0], c1 * CHUNK)
     acc = carray(stack_f32(16), 16)  # GROUP rows x FEW vectors
     if w.shape[1] * w.itemsize < SHORT_ROW:
