@@ -359,7 +359,7 @@ class NumpyOps:
 
     def step_seconds(self) -> dict[str, float]:
         """The last one-call decode step's time by the meter's categories, and "waits" (see
-        ops_compiled); only after a decode_blocks that said True."""
+        ops_compiled); only after a decode_blocks or decode_batch that said True."""
         raise NotImplementedError
 
     def decode_batch(

@@ -207,7 +207,8 @@ class CompiledOps(NumpyOps):
         self._blocks: tuple[Sequence, Blocks | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
-        self.last_step: tuple[np.ndarray, int, bool] | None = None  # decode_blocks' timers
+        # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, moe
+        self.last_step: tuple[np.ndarray, int, bool] | None = None
 
     def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
@@ -284,12 +285,14 @@ class CompiledOps(NumpyOps):
         angles = [layer_angles(r) for r in rots]  # per sequence
         cos = np.stack([a[0] for a in angles], axis=1)  # (L, B, rotary / 2)
         sin = np.stack([a[1] for a in angles], axis=1)
-        t = packed.table
-        fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors, packed.plan,
-                             packed.norms, packed.biases, np.float32(c.norm_eps), packed.form,
-                             cos, sin, packed.spec, *caches[0].arrays(0),
-                             np.stack([at for _, at in layouts], axis=1), kind, slots, ns,
-                             self.ints, self.team or numba.get_num_threads())  # fmt: skip
+        t, threads = packed.table, self.team or numba.get_num_threads()
+        sync = fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors,
+                                    packed.plan, packed.norms, packed.biases,
+                                    np.float32(c.norm_eps), packed.form, cos, sin, packed.spec,
+                                    *caches[0].arrays(0),
+                                    np.stack([at for _, at in layouts], axis=1), kind, slots,
+                                    ns, self.ints, threads)  # fmt: skip
+        self.last_step = (sync, threads, False)
         return True
 
     @property

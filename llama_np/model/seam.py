@@ -147,20 +147,24 @@ class Seam:
 class Profiled(Seam):
     """The same calls, each timed into the meter's category of the bytes it reads (a
     product's fused norm and activation count as the product's time). A decode step's
-    blocks in one call are timed by its phases' own clocks; a batch's blocks run one
-    operation at a time, so that each has a time of its own."""
+    blocks in one call, of one sequence or of a few, are timed by its phases' own clocks:
+    the profile is of the step that runs unprofiled."""
 
     def decode_blocks(self, *args) -> bool:
         """The one-call step where there is one, its time split by its phases' own timers
         (what it spends beyond them, the call's entry and exit, is outside the kernels)."""
-        done = super().decode_blocks(*args)
+        return self._timed(super().decode_blocks(*args))
+
+    def decode_batch(self, *args) -> bool:
+        """A few sequences' one-call step where there is one, timed as decode_blocks."""
+        return self._timed(super().decode_batch(*args))
+
+    def _timed(self, done: bool) -> bool:
+        """The last one-call step's phases into the meter, when it ran (`done`)."""
         if done:
             for category, seconds in self.ops.step_seconds().items():
                 self.meter.spent(category, seconds)
         return done
-
-    def decode_batch(self, *args) -> bool:
-        return False
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
         t0 = perf_counter()

@@ -47,7 +47,7 @@ from .layers import (
 )
 from .matvec import CHUNK
 from .ops import NORM, PLAIN, prepare_rows, residual
-from .team import LINE, finish, grain_of, take
+from .team import LINE, finish, grain_of, start, take
 
 
 @kernel(inline=True)
@@ -205,6 +205,7 @@ def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, 
            tasks1):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_few); tasks0, tasks1:
     the attention's tasks laid out for the spans slots[0], ns[0] and slots[1], ns[1]."""
+    start(sync)  # the step's start (team.phase_seconds)
     nb, hd = x.shape[0], values[0].shape[2]
     q_dim = qkv.shape[1] - 2 * values[0].shape[0] * hd
     buf = scratch(nb, max(x.shape[1], gate_up.shape[1] // 2, q_dim),
@@ -242,15 +243,17 @@ def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, s
     stores have sequence 0's shapes and format: keys, values, layer 0's); kind (L,): which
     of the (at most two) spans a layer's attention takes, slots, ns (2, B): where each
     sequence appends and how many keys it attends in that span (a window's layers, the
-    others). The rest as layers.decode_blocks takes it."""
+    others). The rest as layers.decode_blocks takes it, and the same `sync` returned: each
+    phase's row, then the step's start (team.phase_seconds)."""
     nb, n_kv, hd = x.shape[0], values[0].shape[0], values[0].shape[2]
     qkv = np.empty((nb, out_rows(rows, plan[0, 0, 0], plan[0, 0, 1])), np.float32)
     gate_up = np.empty((nb, out_rows(rows, plan[0, 2, 0], plan[0, 2, 1])), np.float32)
     y = np.empty_like(x)
     n_heads = (qkv.shape[1] - 2 * n_kv * hd) // hd
     tasks0, tasks1 = batch_tasks(ns[0], n_kv, n_heads, hd), batch_tasks(ns[1], n_kv, n_heads, hd)
-    sync = np.zeros((PHASES * plan.shape[0], LINE), np.int64)
+    sync = np.zeros((PHASES * plan.shape[0] + 1, LINE), np.int64)
     for _ in prange(threads):
         member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
                spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
                tasks1)  # fmt: skip
+    return sync

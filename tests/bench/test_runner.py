@@ -228,6 +228,18 @@ def test_reports(rows, tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_batch_profile_is_per_step_and_split_against_its_bound():
+    """A profiled batch's table is per step of B sequences, with the gap to its speed of
+    light named by the bound that sets it."""
+    s = Settings(n=4, depths=(0,), reps=1, warmup=1, batch=(2, 64), profile=True)
+    for r in run(Stand(), s, fake_probe(), None, progress=False):
+        text = report.profile_table(r)
+        assert f"(per decode step of {r.batch} sequences)" in text
+        assert "the gap to the speed of light" in text
+        line = "its bytes at the probe's rate" if r.bound == "memory" else "its arithmetic"
+        assert line in text
+
+
 def test_batch_rows(tmp_path):
     s = Settings(n=5, depths=(0, 16), reps=2, warmup=1, batch=(1, 4, 16))
     rows = run(Stand(), s, fake_probe(), None, progress=False)

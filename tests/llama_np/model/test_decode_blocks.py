@@ -274,6 +274,34 @@ def test_a_batch_in_one_call_equals_call_by_call(case: str, kv: str, kernels: st
 
 
 @pytest.mark.skipif(not X86, reason="the cycle counter is read on x86 only")
+@pytest.mark.parametrize("b", [2, 4])
+@pytest.mark.parametrize("case", ["q4_0 gqa", "bf16 granite"])
+def test_a_profiled_batch_step_is_the_one_call_timed_by_its_phases(case: str, b: int):
+    """`bench --batch B --profile` with B <= FEW times the batch's one-call step itself
+    (fewblocks.decode_few, once a step), not the calls one by one, which take twice its
+    time: the same logits as unprofiled, its phases' work by the meter's categories,
+    inside the step's wall time."""
+    model = model_for(case, "numba-int16")
+    plain, _, _ = decode_batch(model, "f32", True, PROMPTS[:b])
+    calls = []
+    decode_few = fewblocks.decode_few
+    model.meter.profile = True
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(fewblocks, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
+            timed, _, _ = decode_batch(model, "f32", True, PROMPTS[:b])
+    finally:
+        model.meter.profile = False
+    assert len(calls) == 6
+    np.testing.assert_array_equal(timed, plain)
+    step = model.meter.last
+    s = step.seconds
+    assert min(s["attn_weights"], s["mlp_weights"], s["kv_cache"], s["lm_head"]) > 0
+    assert s["waits"] >= 0 and sum(s.values()) < step.wall
+    assert (s["norms"] > 0) == (case != "q4_0 gqa")
+
+
+@pytest.mark.skipif(not X86, reason="the cycle counter is read on x86 only")
 @pytest.mark.parametrize("team", [None, 5])
 @pytest.mark.parametrize("case", ["q4_0 gqa", "bf16 granite", "q4_0 mixtral"])
 def test_a_profiled_step_is_the_one_call_timed_by_its_phases(case: str, team: int | None):
