@@ -46,7 +46,7 @@ from .simd.panels import (
     panel_q8_0,
     tile,
 )
-from .simd.scalar import prefetch
+from .simd.scalar import SHORT_ROW, prefetch, prefetch_l2
 
 ROWS = 16  # rows of a panel
 
@@ -186,15 +186,33 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
 # takes its weights as broadcast operands, no panel (matmat_f32, below)
 
 
+@kernel(inline=True)
+def ask_panel(w, r0, k):
+    """Where w's rows are short (under SHORT_ROW bytes), ask for the share of the next
+    panel (rows r0 + ROWS on, the thread's next: they follow in memory) that this panel's
+    decode step at column k matches: 16 rows x 16 columns' bytes, in the next panel's own
+    order. A panel of short rows is 16 short streams, which the hardware prefetcher picks
+    up too late (as the f32 tiles', simd/broadcast.py): 3072 x 576 bf16 from DRAM, 2
+    threads, B = 8 / 16 380 / 516 us where 487 / 624. Long rows are left to it: asking
+    made 2048 x 2048 slower (860 / 1243 where 725 / 1022; Xeon family 6 model 167)."""
+    cols = w.shape[1]
+    if cols * w.itemsize < SHORT_ROW:
+        at = (r0 + ROWS) * cols + k * ROWS
+        for j in range(0, ROWS * 16, 64 // w.itemsize):
+            prefetch_l2(w, at + j)
+
+
 @kernel
 def panels_f16(w, r0, nrows, dst):
     for k in range(0, w.shape[1], 16):
+        ask_panel(w, r0, k)
         panel_f16(w, r0, nrows, k, dst)
 
 
 @kernel
 def panels_bf16(w, r0, nrows, dst):
     for k in range(0, w.shape[1], 16):
+        ask_panel(w, r0, k)
         panel_bf16(w, r0, nrows, k, dst)
 
 
