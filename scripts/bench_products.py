@@ -132,7 +132,9 @@ def bench_format(fmt: str, shapes: list, args: argparse.Namespace, threads: int)
     """The table's rows of one format: medians of interleaved calls."""
     runs = runs_of(fmt, shapes)
     x = np.random.default_rng(1).standard_normal(max(c for _, c in shapes)).astype(np.float32)
-    out = np.empty(max(max(r for r, _ in shapes), *SMALL), np.float32)
+    # rows for the tallest matrix of every run (one matrix per width has all a width's rows):
+    # the float kernels write as many rows as their matrix has
+    out = np.empty(max(int(run.shapes[:, 0].max()) for run in runs.values()), np.float32)
     times: dict[str, list[float]] = {k: [] for k in [*runs, "read"]}
     waits: dict[str, list[float]] = {k: [] for k in runs}
     words = runs["the preset's matrices"].buffer.view(np.uint64)
