@@ -99,8 +99,9 @@ def rows_f32(w, x, c0, c1, add, out):
 def rows_wide(bits, x, c0, c1, add, out, fma1):
     """16-bit float rows (bits: their patterns) one at a time, each asking for one further
     on (ask_row), widened and multiplied 16 lanes at a time by simd.lanes' one-row kernel
-    `fma1`: what a few vectors' rows use (fewdot.rows_float), so a sequence gets the same
-    sum alone and in a batch. Where rows_float's scalar loop widened them: 1536 x 576 from
+    `fma1`: what a few vectors' short rows use (fewdot.rows_float), so a row under
+    SHORT_ROW bytes gets the same sum alone and in a batch (a few vectors take longer rows
+    4 at a time). Where rows_float's scalar loop widened them: 1536 x 576 from
     DRAM, 2 threads, f16 106 us where 139, bf16 111 where 126; SmolLM2-135M bf16 13.2 ms a
     token where 16.2-16.3 (alternated; Xeon family 6 model 167)."""
     xs = x.reshape(1, x.shape[0])
