@@ -46,7 +46,7 @@ from .simd.panels import (
     panel_q8_0,
     tile,
 )
-from .simd.scalar import SHORT_ROW, prefetch, prefetch_l2
+from .simd.scalar import SHORT_ROW, ask_l2, prefetch
 
 ROWS = 16  # rows of a panel
 
@@ -197,9 +197,7 @@ def ask_panel(w, r0, k):
     made 2048 x 2048 slower (860 / 1243 where 725 / 1022; Xeon family 6 model 167)."""
     cols = w.shape[1]
     if cols * w.itemsize < SHORT_ROW:
-        at = (r0 + ROWS) * cols + k * ROWS
-        for j in range(0, ROWS * 16, 64 // w.itemsize):
-            prefetch_l2(w, at + j)
+        ask_l2(w, (r0 + ROWS) * cols + k * ROWS, ROWS * 16)
 
 
 @kernel

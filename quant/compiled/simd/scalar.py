@@ -233,8 +233,14 @@ def ask_row(w, r, end):
     cols = w.shape[1]
     ahead = r + max(1, FLOAT_AHEAD // (cols * w.itemsize))
     if ahead < end:
-        for k in range(0, cols, 64 // w.itemsize):
-            prefetch_l2(w, ahead * cols + k)
+        ask_l2(w, ahead * cols, cols)
+
+
+@kernel(inline=True)
+def ask_l2(a, at, n):
+    """Ask for the lines of a.flat[at:at + n] into L2 (prefetch_l2), one ask a line."""
+    for k in range(0, n, 64 // a.itemsize):
+        prefetch_l2(a, at + k)
 
 
 @intrinsic

@@ -294,11 +294,7 @@ def test_a_profiled_batch_step_is_the_one_call_timed_by_its_phases(case: str, b:
         model.meter.profile = False
     assert len(calls) == 6
     np.testing.assert_array_equal(timed, plain)
-    step = model.meter.last
-    s = step.seconds
-    assert min(s["attn_weights"], s["mlp_weights"], s["kv_cache"], s["lm_head"]) > 0
-    assert s["waits"] >= 0 and sum(s.values()) < step.wall
-    assert (s["norms"] > 0) == (case != "q4_0 gqa")
+    assert_timed_by_phases(model.meter.last, case)
 
 
 @pytest.mark.skipif(not X86, reason="the cycle counter is read on x86 only")
@@ -318,10 +314,15 @@ def test_a_profiled_step_is_the_one_call_timed_by_its_phases(case: str, team: in
     finally:
         model.meter.profile, model.ops.team = False, None
     np.testing.assert_array_equal(timed, plain)
-    step = model.meter.last
+    assert_timed_by_phases(model.meter.last, case)
+
+
+def assert_timed_by_phases(step, case: str) -> None:
+    """A profiled one-call step's seconds: every category it reads has time, its waits
+    none below zero, all inside its wall time. Phases of their own: granite's scaled
+    residual adds, a mixture's weighted sum of its experts; llama's adds run inside the
+    products."""
     s = step.seconds
     assert min(s["attn_weights"], s["mlp_weights"], s["kv_cache"], s["lm_head"]) > 0
     assert s["waits"] >= 0 and sum(s.values()) < step.wall
-    # phases of their own: granite's scaled residual adds, a mixture's weighted sum of its
-    # experts; llama's adds run inside the products
     assert (s["norms"] > 0) == (case != "q4_0 gqa")
