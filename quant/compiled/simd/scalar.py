@@ -231,9 +231,9 @@ def ask_row(w, r, end):
     431-478 where 558-570), but the one-call step of SmolLM2-135M f32 did not (19.6-20.1
     ms where 19.8-20.3) and Qwen2.5-Coder's ran 0-6% slower (73.9-74.6 where 70.2-73.9)."""
     cols = w.shape[1]
-    ahead = r + max(1, FLOAT_AHEAD // (cols * w.itemsize))
-    if ahead < end:
-        ask_l2(w, ahead * cols, cols)
+    later = r + max(1, FLOAT_AHEAD // (cols * w.itemsize))
+    if later < end:
+        ask_l2(w, later * cols, cols)
 
 
 @kernel(inline=True)
