@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,21 +28,50 @@ from llama_np.io.tokenizer import Tokenizer
 from llama_np.model.build import build_weights
 from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer
-from quant.backends import Backend, BackendUnavailable, get_backend, numpy_backend
+from llama_np.model.warmup import CompileNotice
+from quant.backends import (
+    COMPILE_PROGRESS,
+    Backend,
+    BackendUnavailable,
+    get_backend,
+    numpy_backend,
+)
 from quant.host import usable_cores
 
 
-def choose_backend(kernels: str = "auto") -> Backend:
+def choose_backend(kernels: str = "auto", notice: CompileNotice | None = None) -> Backend:
     """The kernel backend: "numpy", "numba", or "auto" (numba when it is importable). A
     compiled backend whose kernels cannot be compiled here is an error when asked for by
-    name; under "auto" it falls back to NumPy with a note."""
+    name; under "auto" it falls back to NumPy with a note. `notice`: told the compile's
+    stages."""
+    token = COMPILE_PROGRESS.set(notice.stage if notice else None)
     try:
-        return get_backend(kernels)
+        with notice.phase() if notice else nullcontext():
+            return get_backend(kernels)
     except BackendUnavailable as e:
         if kernels != "auto":
             raise UsageError(str(e)) from None
         print(f"llama-np: note: {e}; running the NumPy kernels", file=sys.stderr)
         return numpy_backend()
+    finally:
+        COMPILE_PROGRESS.reset(token)
+
+
+def compile_notice(kernels: str, progress: bool) -> CompileNotice | None:
+    """The notice a first run's compile shows (when `progress`, and the kernels may be
+    compiled ones): the backend's stages and the model's warm-up."""
+    from quant.backends import numba_importable, warm_up_stages
+
+    if not progress or kernels == "numpy" or not numba_importable():
+        return None
+    from quant.compiled.jit import cache_folder
+
+    folder = cache_folder()
+    # an empty cache compiles everything: say so at once; a filled one loads its kernels in
+    # a few seconds, and is said only if something is still compiled after ten
+    cold = not folder.is_dir() or next(folder.rglob("*.nbi"), None) is None
+    stages = warm_up_stages() + Transformer.WARM_UP_STAGES
+    return CompileNotice(stages, str(folder), after=0.0 if cold else 10.0)
 
 
 class LLM:
@@ -184,7 +214,16 @@ def load(
     "numba" or "numpy"; the kernels run on `threads` cores (default: all).
     `check_tensors`: refuse a file with a NaN or infinite value, scale or min in any tensor
     (LlamaNpError naming the first), at the cost of reading every tensor once."""
-    backend = choose_backend(kernels)
+    notice = compile_notice(kernels, progress)
+    try:
+        return _load(model, weights, head, threads, kernels, progress, check_tensors, notice)
+    finally:
+        if notice:
+            notice.close()
+
+
+def _load(model, weights, head, threads, kernels, progress, check_tensors, notice) -> LLM:
+    backend = choose_backend(kernels, notice)
     model = DEFAULT_MODEL if model is None else model
     src = open_source(resolve_model(model), backend)
     if check_tensors:
@@ -194,4 +233,6 @@ def load(
     w = build_weights(src.config, src.tensors, weights, head, progress=progress, backend=backend,
                       consume=True)  # fmt: skip
     model = Transformer(src.config, w, backend).start(threads or usable_cores())
+    with notice.phase() if notice else nullcontext():
+        model.warm_up(progress=notice.stage if notice else None)
     return LLM(model, src.tokenizer, src.path)

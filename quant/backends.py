@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,6 +28,7 @@ from threadpoolctl import threadpool_limits
 from . import threads as numpy_threads
 from .base import Matrix, Weight
 from .errors import QuantError
+from .host import threads_label
 from .kv import KVStore, kv_store_class
 
 KERNELS = ("auto", "numpy", "numba", "numba-int16", "numba-int8", "numba-f32")
@@ -36,6 +38,21 @@ KERNELS = ("auto", "numpy", "numba", "numba-int16", "numba-int8", "numba-f32")
 DEFAULT_DOT = "int16"
 FLOATS = ("f32", "f16", "bf16")  # formats whose products no `dot` changes
 INSTALL_HINT = "pip install 'llama-np[fast]' (or pip install numba)"
+
+
+# Told the name of each stage of the compiled backend's warm-up as it begins (its formats,
+# then its KV formats): a caller that shows compile progress sets it around get_backend.
+COMPILE_PROGRESS: ContextVar[Callable[[str], object] | None] = ContextVar(
+    "compile_progress", default=None
+)
+
+
+def warm_up_stages() -> int:
+    """How many stages the compiled backend's warm-up reports to COMPILE_PROGRESS."""
+    from . import compiled
+    from .kv import KV_FORMATS
+
+    return len(compiled.FORMATS) + len(KV_FORMATS)
 
 
 class BackendUnavailable(QuantError):
@@ -111,7 +128,7 @@ class NumpyBackend(Backend):
         quantized = any(w.fmt != "f32" for m in matrices for w in m.leaves())
         if not quantized or threads < 2:
             blas = threadpool_limits(threads, user_api="blas")
-            return Running(f"numpy, BLAS {threads} threads", blas.restore_original_limits)
+            return Running(f"numpy, BLAS {threads_label(threads)}", blas.restore_original_limits)
         blas = threadpool_limits(1, user_api="blas")
         n = numpy_threads.set_threads(threads)
 
@@ -119,7 +136,7 @@ class NumpyBackend(Backend):
             numpy_threads.set_threads(1)
             blas.restore_original_limits()
 
-        return Running(f"numpy, {n} threads", stop)
+        return Running(f"numpy, {threads_label(n)}", stop)
 
 
 class NumbaBackend(Backend):
@@ -133,7 +150,7 @@ class NumbaBackend(Backend):
 
         blas = threadpool_limits(threads, user_api="blas")
         n = compiled.set_threads(threads)
-        label = f"numba {compiled.threading_layer()}, {n} threads"
+        label = f"numba {compiled.threading_layer()}, {threads_label(n)}"
         if self.dot != "f32" and any(w.fmt not in FLOATS for m in matrices for w in m.leaves()):
             label += f", {self.dot} dot ({compiled.DOT_INSTRUCTION})"
         return Running(label, blas.restore_original_limits)
@@ -164,7 +181,7 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
     from .kv import KV_FORMATS
 
     try:
-        compiled.warm_up(compiled.FORMATS, list(KV_FORMATS), dot)
+        compiled.warm_up(compiled.FORMATS, list(KV_FORMATS), dot, COMPILE_PROGRESS.get())
     except Exception as e:  # numba's compile errors have no common base class
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None

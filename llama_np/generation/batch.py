@@ -103,6 +103,7 @@ def generate_batch(
     if n_predict < 1:
         raise UsageError(f"-n/--n-predict must be at least 1, got {n_predict}")
     stats.sequences = len(prompts)
+    model.warm_up(caches[0].fmt, range(1, len(prompts) + 1))  # nothing timed compiles
     t0 = time.perf_counter()
     logits = prefill(model, prompts, caches, shared_prompt, stats)
     stats.prefill_s = time.perf_counter() - t0

@@ -62,6 +62,7 @@ def perplexity(
     if n_windows < 1:
         raise UsageError(f"the text has {len(ids)} tokens, fewer than one window of {ctx}")
     n_windows = min(n_windows, chunks or n_windows)
+    llm.model.warm_up(kv)  # the tok/s printed counts no compile
     nll, scored, t0 = 0.0, 0, time.perf_counter()
     for w in tqdm(
         range(n_windows), desc="perplexity", unit="window", disable=None if progress else True

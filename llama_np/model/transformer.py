@@ -124,6 +124,7 @@ class Transformer:
         self._seam = Seam(self.config, self.ops, self.meter)
         self._profiled = Profiled(self.config, self.ops, self.meter)
         self.running = Running("one thread")
+        self._warm: set = set()  # what warm_up has run: KV formats, (KV format, batch)
 
     @property
     def name(self) -> str:
@@ -156,6 +157,38 @@ class Transformer:
         """A cache for one sequence. `window`: a sliding window on every layer (None: the
         model's own)."""
         return KVCache(self.config, capacity or self.config.max_seq_len, window, kv, self.backend)
+
+    def warm_up(self, kv: str = "f32", batches: Sequence[int] = (),
+                progress: Callable | None = None) -> None:  # fmt: skip
+        """Run what a generation runs once on scratch caches, so that the compiled backend
+        compiles (or loads from its disk cache) every kernel it calls before anything is
+        timed: a prompt past the few-vector products, a short one and a decode step on a
+        cache of format `kv`, and a step of each of `batches` sequences. The meter's counts
+        stay as they were; what was warmed once is not run again. `progress(stage)` is
+        told each stage as it begins."""
+        if not self.backend.fused:
+            return
+        from quant.compiled.weights import SPLIT
+
+        progress = progress or (lambda stage: None)
+        m = self.meter
+        saved = m.last, m.decode_steps, m.decode_bytes_read
+        if kv not in self._warm:
+            n = SPLIT + 2
+            progress("a prompt")
+            self.forward(np.zeros(n, np.int64), cache := self.new_cache(n + 3, kv=kv))
+            self.forward(np.zeros(2, np.int64), cache)
+            progress("a decode step")
+            self.forward(np.zeros(1, np.int64), cache)
+            self._warm.add(kv)
+        for b in sorted(set(batches) - {1}):
+            if (kv, b) not in self._warm:
+                progress(f"a step of {b}")
+                self.step_batch(np.zeros(b, np.int64), [self.new_cache(2, kv=kv) for _ in range(b)])
+                self._warm.add((kv, b))
+        m.last, m.decode_steps, m.decode_bytes_read = saved
+
+    WARM_UP_STAGES = 2  # stages warm_up reports for one sequence
 
     @property
     def seam(self) -> Seam:

@@ -139,9 +139,7 @@ class Engine:
         """Run a batched decode step of each size up to `slots` (at most WARM) once on
         scratch caches, before the first request: the compiled backend compiles its one-call
         step for each count of a few sequences (or loads it from the disk cache)."""
-        for b in range(2, min(self.slots, WARM) + 1):
-            caches = [self.llm.new_cache(2, self.window, self.kv) for _ in range(b)]
-            self.llm.model.step_batch(np.zeros(b, np.int64), caches)
+        self.llm.model.warm_up(self.kv, range(2, min(self.slots, WARM) + 1))
 
     def start(self) -> Engine:
         """Run the loop on a thread of its own. (`llama-np serve` runs it on the main thread

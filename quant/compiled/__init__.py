@@ -18,12 +18,15 @@ from .simd import DOT_INSTRUCTION
 __all__ = ["DOT_INSTRUCTION", "FORMATS", "fewblocks", "set_threads", "threading_layer"]
 
 
-def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
+def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32", progress=None) -> None:
     """Compile (or load from the disk cache) the kernels for these weight formats (name ->
     class), with x multiplied as `dot` in decode, and KV formats, now, on tiny inputs,
     so that a kernel that cannot be compiled on this CPU fails at load with one clear
-    error, and the first token does not pay the compile time."""
+    error, and the first token does not pay the compile time. `progress(stage)` is told
+    each format's and KV format's name as its stage begins."""
     import numpy as np
+
+    progress = progress or (lambda stage: None)
 
     from ..kv import KV_FORMATS
     from . import attention, layers, ops
@@ -31,7 +34,8 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(256).astype(np.float32)
-    for cls in formats.values():
+    for name, cls in formats.items():
+        progress(name)
         w = cls.random((5, 256), rng)
         w.matvec(x, dot=dot)
         # each count of few vectors (fewdot.py), two passes of them, then the panels
@@ -57,6 +61,7 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32") -> None:
     none = np.zeros(0, np.float32)
     spec = attention.spec_of(none, none, 1e-5, 0.125, 0.0)
     for kv in kv_formats:
+        progress(f"kv {kv}")
         keys, values = KV_FORMATS[kv](1, 16, 32, tiled=True), KV_FORMATS[kv](1, 16, 32)
         qkv = rng.standard_normal(3 * 32).astype(np.float32)
         stores = tuple(keys.arrays()), tuple(values.arrays())
