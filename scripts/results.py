@@ -18,10 +18,7 @@ import argparse
 import dataclasses
 import datetime
 import json
-import platform
-import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +26,7 @@ import validate_sol
 
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import calibrate, published, report
+from bench import stamp as stamps
 from bench.probe import Caches, Probe, curve_text, run_probe, save_probe, size_label
 from bench.runner import Row, beats_its_bound
 from quant.host import usable_cores
@@ -44,27 +42,11 @@ MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
 
 def cpu() -> str:
-    """The CPU as a reader can compare it: model name, family/model, the SIMD that matters."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = dict(re.findall(r"^(model name|cpu family|model|flags)\s*:\s*(.*)$", info, re.M))
-    flags = set(field.get("flags", "").split())
-    simd = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"),
-                                    ("avx512_bf16", "BF16"), ("amx_int8", "AMX"))
-            if flag in flags] or (["AVX2"] if "avx2" in flags else [])  # fmt: skip
-    name = field.get("model name", platform.processor() or platform.machine())
-    fam = f"family {field['cpu family']} model {field['model']}, " if "cpu family" in field else ""
-    return f"{name} ({fam}{', '.join(simd) or 'no AVX2'}), {usable_cores()} cores"
+    return stamps.cpu(usable_cores())
 
 
 def commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    # the run's own outputs (docs/, the README), written section by section, are no change
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                  ":(exclude)docs", ":(exclude)README.md")  # fmt: skip
-    return head + ("+changes" if changed else "")
+    return stamps.commit()
 
 
 def stamp(command: str) -> dict[str, str]:
