@@ -33,7 +33,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from tqdm import tqdm
 
 from quant.backends import BACKEND_CLASSES, FLOATS
-from quant.host import cache_dir, usable_cores
+from quant.host import cache_dir, threads_label, usable_cores
 
 KIB, MIB = 1 << 10, 1 << 20
 DRAM_FLOOR = 1024 * MIB  # the largest working set the probe reads is at least this
@@ -438,5 +438,5 @@ def probe_report(p: Probe) -> str:
             lifted = best > max(runs, default=best)  # not_below: no run reached a product
             mark = " (no run reached a product's rate: that rate)" if lifted else ""
             lines.append(f"| {name} | {best:.1f}{mark} | {', '.join(f'{r:.0f}' for r in runs)} |")
-    lines.append(f"\n{p.threads} threads")
+    lines.append(f"\n{threads_label(p.threads)}")
     return "\n".join(lines)

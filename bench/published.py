@@ -343,7 +343,7 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
 
 def plot(rows: list[Held], path) -> None:
     """Measured against predicted ms/token, by hardware class, log-log, with the bound."""
-    from .report import pyplot
+    from .report import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 6))
@@ -359,5 +359,5 @@ def plot(rows: list[Held], path) -> None:
            ylabel="measured ms/token", title=f"{len(rows)} published measurements")  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

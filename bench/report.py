@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -179,6 +181,38 @@ def pyplot():
     return plt
 
 
+def check_plot_path(path: str | Path) -> None:
+    """Refuse, before any work, a plot that could not be written: matplotlib missing, a
+    file type it cannot draw, a folder that does not exist or cannot be written to
+    (ValueError, ImportError: one line)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    pyplot()
+    path = Path(path)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in kinds:
+        raise ValueError(f"--plot {path}: not a file type matplotlib draws ({', '.join(kinds)})")
+    if path.is_dir():
+        raise ValueError(f"--plot {path}: is a folder")
+    try:  # root passes every os.access check: make a file there to know
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as e:
+        raise ValueError(f"--plot {path}: cannot write in {path.parent} ({e.strerror})") from None
+
+
+def save_figure(fig, path: str | Path) -> None:
+    """The figure written whole or not at all: to a temporary file beside `path`, then
+    renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
     """ms/token against depth with the speed-of-light line, and achieved vs attainable
     bandwidth per format. Needs matplotlib (pip install 'llama-np[plot]')."""
@@ -217,7 +251,7 @@ def plot(rows: list[Row], path: str | Path, title: str = "") -> None:
     b.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -250,5 +284,5 @@ def plot_batch(rows: list[Row], path: str | Path, title: str = "") -> None:
     a.set_title("measured (solid), speed of light (dashed), ridge B* (dotted)")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

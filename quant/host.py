@@ -13,6 +13,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLAMA_NP_CACHE") or Path.home() / ".cache" / "llama-np")
 
 
+def threads_label(n: int) -> str:
+    """ "1 thread", "2 threads": for reports."""
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask), the default thread count."""
     if hasattr(os, "sched_getaffinity"):

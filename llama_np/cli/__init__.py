@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,8 +50,22 @@ COMMANDS: list[tuple[str, str, list[Spec], Callable, dict]] = [
 ]  # fmt: skip
 
 
+class Version(argparse.Action):
+    """--version: the version and the commit it was built from (asked only when printed)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from bench.stamp import commit, version
+
+        print(f"llama-np {version()} (commit {commit()})")
+        parser.exit(0)
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="llama-np", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action=Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, help_text, specs, func, defaults in COMMANDS:
         p = sub.add_parser(name, help=help_text)
@@ -61,9 +76,26 @@ def build_parser() -> Parser:
     return parser
 
 
+def llama_cpp_habits(args: argparse.Namespace) -> None:
+    """Flags a llama.cpp user brings: -ngl is taken and ignored with a note (llama-np runs
+    on the CPU); more threads than this process may use are cut, and said."""
+    from quant.host import usable_cores
+
+    if getattr(args, "gpu_layers", None) is not None:
+        print(f"llama-np: note: -ngl {args.gpu_layers} ignored: llama.cpp's GPU offload; "
+              "llama-np runs on the CPU", file=sys.stderr)  # fmt: skip
+    cores = usable_cores()
+    if getattr(args, "threads", None) is not None and args.threads > cores:
+        print(f"llama-np: note: -t {args.threads}: this process may use {cores} "
+              f"core{'s' if cores > 1 else ''}; "
+              f"running {cores}", file=sys.stderr)  # fmt: skip
+        args.threads = cores
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        llama_cpp_habits(args)
         return args.func(args)
     except KeyboardInterrupt:
         sys.stdout.flush()

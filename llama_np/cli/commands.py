@@ -4,6 +4,7 @@ Generated text goes to stdout; measurements and errors go to stderr."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +31,33 @@ def read_text(path: str, what: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read the {what} {path}: {e}") from None
+
+
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """llama.cpp's --escape: \\n, \\r, \\t, \\', \\", \\\\ and \\xHH (ASCII) become the
+    characters they name; any other backslash stays as typed."""
+
+    def one(m: re.Match) -> str:
+        s = m.group(1)
+        if s in ESCAPES:
+            return ESCAPES[s]
+        if len(s) == 3 and int(s[1:], 16) < 0x80:
+            return chr(int(s[1:], 16))
+        return m.group(0)
+
+    return re.sub(r"\\(x[0-9A-Fa-f]{2}|.)", one, text, flags=re.DOTALL)
+
+
+def escaped(args: argparse.Namespace) -> None:
+    """-p and --stop as llama.cpp takes them: escapes processed unless --no-escape (a
+    prompt file is read as it is)."""
+    if args.escape:
+        if getattr(args, "prompt", None) is not None:
+            args.prompt = unescape(args.prompt)
+        args.stop = [unescape(s) for s in args.stop]
 
 
 def load_model(args: argparse.Namespace) -> LLM:
@@ -70,7 +98,8 @@ def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: 
         parts.append(f"generated {len(stats.generated)} tokens")
     if kernels:
         parts.append(kernels)
-    parts.append(f"stop: {stats.stop_reason}, seed {stats.seed}")
+    greedy = args is not None and args.temp <= 0  # no seed: nothing was drawn at random
+    parts.append(f"stop: {stats.stop_reason}" + ("" if greedy else f", seed {stats.seed}"))
     return "llama-np: " + " | ".join(parts)
 
 
@@ -113,6 +142,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from llama_np.generation.chat import ChatSession
     from llama_np.generation.generate import Stats
 
+    escaped(args)
     if args.prompts is not None or args.parallel > 1:
         return generate_many(args)
     if args.file is not None:
@@ -125,7 +155,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stats = Stats()
         if args.chat:
             chat = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv,
-                               **sampling(args))  # fmt: skip
+                               stop=args.stop, **sampling(args))  # fmt: skip
             stream_out(chat.send(prompt, args.n_predict, stats))
         else:
             opts = dict(stop=args.stop, ctx=args.ctx_size, window=args.window, kv=args.kv)
@@ -160,13 +190,16 @@ def generate_many(args: argparse.Namespace) -> int:
         texts = llm.generate_batch(prompts, args.n_predict, stats=stats, **opts,
                                    **(sampling(args) | {"seed": seed}))  # fmt: skip
         for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-            print(f"=== sequence {i + 1}/{len(texts)} (seed {seed + i}): {prompt[:60]!r}")
+            seeded = "" if args.temp <= 0 else f" (seed {seed + i})"
+            print(f"=== sequence {i + 1}/{len(texts)}{seeded}: {prompt[:60]!r}")
             print(text)
-        print(batch_summary(stats, seed, llm.kernels), file=sys.stderr)
+        print(batch_summary(stats, None if args.temp <= 0 else seed, llm.kernels),
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
-def batch_summary(stats: BatchStats, seed: int, kernels: str) -> str:
+def batch_summary(stats: BatchStats, seed: int | None, kernels: str) -> str:
+    """The batch's summary line; `seed` None when sampling was greedy."""
     reasons: dict[str, int] = {}
     for r in stats.stop_reasons:
         reasons[r] = reasons.get(r, 0) + 1
@@ -175,8 +208,8 @@ def batch_summary(stats: BatchStats, seed: int, kernels: str) -> str:
         f"llama-np: {stats.sequences} sequences, prompts {stats.prompt_tokens} tokens, prefill "
         f"{stats.prompt_tokens / stats.prefill_s:.1f} tok/s | generated {stats.generated} "
         f"tokens in {stats.steps} steps, {stats.ms_per_step:.2f} ms/step, decode "
-        f"{stats.tok_s:.1f} tok/s (all sequences) | {kernels} | stop: {stops}, seeds "
-        f"{seed}..{seed + stats.sequences - 1}"
+        f"{stats.tok_s:.1f} tok/s (all sequences) | {kernels} | stop: {stops}"
+        + ("" if seed is None else f", seeds {seed}..{seed + stats.sequences - 1}")
     )
 
 
@@ -184,8 +217,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from llama_np.generation.chat import ChatSession
     from llama_np.generation.generate import Stats
 
+    escaped(args)
     with load_model(args) as llm:
-        chat = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv, **sampling(args))
+        chat = ChatSession(llm, args.system, args.ctx_size, args.window, args.kv,
+                           stop=args.stop, **sampling(args))  # fmt: skip
         print(
             f"llama-np chat with {llm.path.name}: type a message, Ctrl-D to leave", file=sys.stderr
         )

@@ -87,6 +87,7 @@ MODEL_ARGS = [
     THREADS_ARG,
     KERNELS_ARG,
     (("--check-tensors",), dict(action="store_true", help="check every tensor's values and block scales for NaN or infinity at load")),
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), dict(metavar="N", help="llama.cpp's GPU offload: taken and ignored with a note (llama-np runs on the CPU)")),
 ]
 SAMPLING_ARGS = [
     (("-n", "--n-predict"), dict(type=n_predict, default=128, help="tokens to generate (default: %(default)s)")),
@@ -101,6 +102,8 @@ SAMPLING_ARGS = [
     WINDOW_ARG,
     KV_ARG,
 ]
+STOP_ARG = (("--stop",), dict(action="append", default=[], metavar="TEXT", help="stop when TEXT is generated; repeatable"))
+ESCAPE_ARG = (("-e", "--escape"), dict(action=argparse.BooleanOptionalAction, default=True, help="turn the escapes \\n, \\r, \\t, \\', \\\", \\\\ and \\xHH of -p and --stop into characters, as llama.cpp does (default: on; --no-escape keeps them as typed)"))
 CHAT_ARGS = [(("--system",), dict(default=None, help="system prompt (default: the template's own, if any)"))]
 DEVICE_ARGS = [
     (("--device",), dict(help="device from the table (`llama-np sol --list-devices`); sol takes `local` too: this machine as `llama-np probe` measured it")),
@@ -113,7 +116,8 @@ GENERATE_ARGS = [
     (("-p", "--prompt"), dict(help="the prompt text")),
     (("-f", "--file"), dict(help="read the prompt from this file")),
     *SAMPLING_ARGS,
-    (("--stop",), dict(action="append", default=[], metavar="TEXT", help="stop when TEXT is generated; repeatable")),
+    STOP_ARG,
+    ESCAPE_ARG,
     (("--chat",), dict(action="store_true", help="wrap the prompt in the model's chat template")),
     (("-np", "--parallel"), dict(type=positive_int, default=1, help="N sequences from each prompt, decoded together (a shared prompt is prefilled once); sequence i samples with --seed + i (default: %(default)s)")),
     (("--prompts",), dict(metavar="FILE", help="one prompt per line, the sequences decoded together")),
@@ -121,7 +125,7 @@ GENERATE_ARGS = [
     *DEVICE_ARGS,
 ]
 CHAT_COMMAND_ARGS = [
-    *MODEL_ARGS, *SAMPLING_ARGS, *CHAT_ARGS,
+    *MODEL_ARGS, *SAMPLING_ARGS, *CHAT_ARGS, STOP_ARG, ESCAPE_ARG,
     (("-v", "--verbose"), dict(action="store_true", help="print a summary line after each reply")),
 ]
 QUANTIZE_ARGS = [
@@ -145,8 +149,8 @@ PULL_ARGS = [
 ]
 GGUF_MIXES = ["q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s"]
 SOL_ARGS = [
-    (("--config",), dict(help="a preset (e.g. llama-2-7b, smollm2-135m), a config.json or a checkpoint directory")),
-    (("--weights",), dict(default="f32", choices=sorted(FORMATS) + GGUF_MIXES, metavar="FMT", help=f"weight format: {' '.join(sorted(FORMATS))}, or llama.cpp's mixed file types {' '.join(GGUF_MIXES)} (each tensor's type as llama.cpp's quantizer picks it) (default: %(default)s)")),
+    (("--config",), dict(help="the model, as -m takes it: a `pull` alias, hf:ORG/REPO, a GGUF file or a checkpoint directory (counted in its own formats), a preset (e.g. llama-2-7b; synthetic:NAME too) or a config.json")),
+    (("--weights",), dict(choices=sorted(FORMATS) + GGUF_MIXES, metavar="FMT", help=f"weight format: {' '.join(sorted(FORMATS))}, or llama.cpp's mixed file types {' '.join(GGUF_MIXES)} (each tensor's type as llama.cpp's quantizer picks it) (default: a file's own formats; f32 for a preset or a config.json)")),
     (("--head",), dict(choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)")),
     KV_ARG,
     (("--pos",), dict(type=int, default=0, help="position of the decoded token (default: %(default)s)")),
@@ -190,6 +194,8 @@ BENCH_ARGS = [
     (("-r", "--reps"), dict(type=positive_int, default=5, help="repetitions, interleaved across depths (default: %(default)s)")),
     (("--plot",), dict(metavar="FILE.png", help="plot ms/token vs depth and achieved vs attainable GB/s")),
     (("--profile",), dict(action="store_true", help="time, bytes and GB/s per category")),
+    (("--compare",), dict(nargs=2, metavar=("OLD.json", "NEW.json"), help="measure nothing: two runs of bench --json side by side, rows matched by model, weights, KV, depth, batch and threads, with the ratio, whether it is beyond the runs' spread, and which is nearer its speed of light")),
+    (("--baseline",), dict(metavar="OLD.json", help="after this run, its rows side by side with an earlier run of bench --json (as --compare)")),
     (("--endpoint",), dict(metavar="URL", help="measure an OpenAI-compatible server instead (llama-np serve, llama.cpp's, vLLM), e.g. http://127.0.0.1:8080/v1: streaming completions at each --concurrency")),
     (("--concurrency",), dict(type=batches, default=(1, 4, 16), help="with --endpoint: comma-separated requests in flight at once (default: 1,4,16)")),
     (("--api-model",), dict(metavar="NAME", help="with --endpoint: the model name sent (default: the first of GET /v1/models)")),

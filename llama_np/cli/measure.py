@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,10 +20,10 @@ from bench.probe import (
     size_label,
 )
 from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
-from llama_arch import ConfigError, load_config
+from llama_arch import PRESETS, ConfigError, load_config
 from llama_np.errors import LlamaNpError, UsageError
 from quant import FORMATS, TARGETS
-from quant.host import usable_cores
+from quant.host import threads_label, usable_cores
 
 if TYPE_CHECKING:
     from bench.runner import Settings
@@ -42,13 +42,22 @@ def probe_for(threads: int, refresh: bool = False) -> Probe:
     """The cached probe of this machine, measured first if there is none."""
     probe = None if refresh else load_probe(threads)
     if probe is None:
-        print(
-            f"llama-np: probing attainable bandwidth with {threads} threads (cached afterwards)",
-            file=sys.stderr,
-        )
+        print(f"llama-np: probing attainable bandwidth with {threads_label(threads)} "
+              "(cached afterwards)", file=sys.stderr)  # fmt: skip
         probe = run_probe(threads)
         save_probe(probe)
     return probe
+
+
+def check_plot(path: str | None) -> None:
+    """A --plot that could not be written is refused before the work, in one line."""
+    from bench.report import check_plot_path
+
+    if path is not None:
+        try:
+            check_plot_path(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
 
 def cmd_sol(args: argparse.Namespace) -> int:
@@ -57,13 +66,15 @@ def cmd_sol(args: argparse.Namespace) -> int:
             flops = ", ".join(f"{k} {v / 1e12:g} TF" for k, v in d.flops.items())
             print(f"{d.name:16s} {d.bandwidth / 1e9:8.1f} GB/s  {flops:28s} {d.title}")
         return 0
+    if args.plot and not args.published:
+        raise UsageError("--plot draws --published's rows: give it with --published")
     if args.published:
         return published_report(args)
     if args.config is None:
         raise UsageError("give --config PATH_OR_PRESET (or --published)")
     e = sol_estimate(args)
     device = local_device(e, args) if args.device == "local" else device_of(args)
-    pred = e.predict(device.bandwidth, device.peak_flops(args.weights)) if device else None
+    pred = e.predict(device.bandwidth, device.peak_flops(e.weights)) if device else None
     exp = expected_for(device, args, pred.ms_per_token) if pred and e.batch == 1 else None
     if args.json:
         extra = {"device": device.name} if device else {}
@@ -77,20 +88,12 @@ def cmd_sol(args: argparse.Namespace) -> int:
 
 
 def sol_estimate(args: argparse.Namespace) -> Estimate:
-    """The estimate `sol` holds against a device: a format of llama-np's, or one of
-    llama.cpp's mixed file types (q4_k_m ...), counted as llama.cpp's quantizer writes it."""
-    from bench.published import GGUF, gguf_plan
-
+    """The estimate `sol` holds against a device: --config named as every command takes a
+    model (its file's own formats unless --weights says otherwise), or a preset."""
+    config, weights, head, embed = model_shape(args.config, args.weights, args.head)
     try:
-        config = load_config(args.config)
-        if args.weights.upper() in GGUF and args.weights not in FORMATS:
-            if args.engine_layout:
-                raise UsageError(f"--engine-layout: llama-np does not store {args.weights}")
-            plan, head, embed = gguf_plan(args.weights.upper(), config)
-            return estimate(config, plan, args.kv, args.pos, args.window, head, False, embed,
-                            batch=args.batch)  # fmt: skip
-        return estimate(config, args.weights, args.kv, args.pos, args.window, args.head,
-                        args.engine_layout, kernels=backend_name(args.kernels),
+        return estimate(config, weights, args.kv, args.pos, args.window, head,
+                        args.engine_layout, embed, backend_name(args.kernels),
                         batch=args.batch)  # fmt: skip
     except ConfigError as err:
         raise UsageError(str(err)) from None
@@ -115,6 +118,7 @@ def published_report(args: argparse.Namespace) -> int:
     source, the calibrated fit's held-out error, and a plot of predicted against measured."""
     from bench import published
 
+    check_plot(args.plot)
     rows = published.held()
     if args.json:
         print(json.dumps([asdict(h.m) | {"bytes_per_token": h.bytes_per_token,
@@ -136,8 +140,8 @@ def local_device(e: Estimate, args: argparse.Namespace) -> Device:
     tier, bw = probe.attainable(e.bytes_per_token)
     backend, dot = kernels_dot(backend_name(args.kernels))
     peak = probe.peak_flops(backend, e.weights, dot)
-    title = (f"this machine ({probe.threads} threads), the probe's attainable bandwidth at a "
-             f"working set of {size_label(e.bytes_per_token)} ({tier})")  # fmt: skip
+    title = (f"this machine ({threads_label(probe.threads)}), the probe's attainable bandwidth "
+             f"at a working set of {size_label(e.bytes_per_token)} ({tier})")  # fmt: skip
     return Device("local", title, bw, {"fp32": peak}, "probe", probe_path(probe.threads).name)
 
 
@@ -216,10 +220,54 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_runs(old: str, new: str) -> int:
+    """`bench --compare OLD NEW`: two runs side by side (bench.compare), measuring nothing."""
+    from bench.compare import CompareError, load_run, table
+
+    try:
+        print(table(load_run(old), load_run(new)))
+    except CompareError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
+def load_baseline(path: str | None):
+    """--baseline's run, read before the measurement: a bad file must not cost one."""
+    from bench.compare import CompareError, load_run
+
+    try:
+        return None if path is None else load_run(path)
+    except CompareError as e:
+        raise UsageError(str(e)) from None
+
+
+def run_stamp(args: argparse.Namespace, threads: int, probe: Probe, model: dict) -> dict:
+    """What a later run needs to be matched with this one: the code, the machine, the
+    date, the command, the kernel cache and the model's identity (bench.stamp)."""
+    from bench.stamp import commit, cpu, now, version
+
+    return {"llama_np": version(), "commit": commit(), "date": now(), "cpu": cpu(threads),
+            "threads": threads, "machine": probe.machine, "kernel_cache": kernel_cache_dir(),
+            "command": " ".join(["llama-np", *sys.argv[1:]]), "model": model}  # fmt: skip
+
+
+def kernel_cache_dir() -> str | None:
+    """Where the compiled kernels this process runs are cached (None: not loaded)."""
+    if "quant.compiled" not in sys.modules:
+        return None
+    from quant.compiled.jit import cache_folder
+
+    return str(cache_folder())
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    from bench import report
     from bench.runner import Settings, run
     from llama_np.model.decoder import Decoder
 
+    if args.compare:
+        return compare_runs(*args.compare)
+    baseline = load_baseline(args.baseline)
     if args.endpoint:
         return bench_endpoint(args)
     if args.weights is not None and args.weights not in FORMATS:
@@ -227,6 +275,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"--weights {args.weights}: llama.cpp's mixed file type, for "
             "--endpoint's --config only (llama-np converts to one format)"
         )
+    check_plot(args.plot)
     warmup = Settings.warmup
     if args.n_predict <= warmup:
         raise UsageError(f"bench times the decode steps after the first {warmup} (warm-up): "
@@ -236,7 +285,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     probe = probe_for(threads)
     rows = []
     for kernels in args.kernels:  # one table, a backend after the other
-        with bench_model(args, threads, kernels) as model:
+        model, identity = bench_model(args, threads, kernels)
+        model.warm_up(args.kv, args.batch)  # no row counts compile time
+        with model:
             window = args.window  # None: the model's own, per layer
             s = Settings(args.prompt, args.n_predict, args.depth, args.reps, window=window,
                          profile=args.profile, batch=args.batch)  # fmt: skip
@@ -244,12 +295,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             measured = run(dec, s, probe, device)
             probe = reprobe_beaten(measured, dec, s, probe, threads)
             rows += measured
-    print_rows(rows, args, {"threads": threads, "machine": probe.machine})
-    if args.plot:
-        from bench import report
+    meta = run_stamp(args, threads, probe, identity)
+    print_rows(rows, args, meta)
+    if baseline is not None:
+        from bench.compare import Run, table
 
+        new = Run("this run", meta, json.loads(report.json_text(rows))["rows"])
+        print("\n" + table(baseline, new), file=sys.stderr if args.json else sys.stdout)
+    if args.plot:
         draw = report.plot_batch if args.batch else report.plot
-        draw(rows, args.plot, title=f"{model.name}, {threads} threads")
+        draw(rows, args.plot, title=f"{model.name}, {threads_label(threads)}")
         print(f"llama-np: wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -284,34 +339,54 @@ def bench_endpoint(args: argparse.Namespace) -> int:
 Shape = tuple  # (Config, weights: a format or a per-layer plan, head format, embed format)
 
 
-def endpoint_shape(args: argparse.Namespace) -> Shape | None:
-    """The served model's shape and formats from --config: a GGUF file (its metadata and
-    each tensor's type, unless --weights says otherwise), a `pull` alias (its file), a
-    preset or a config.json (in --weights: a format, or one of llama.cpp's mixed file types
-    as `sol --weights` takes them). None without --config."""
+def model_shape(spec: str, weights: str | None, head: str | None) -> Shape:
+    """A model's shape and formats, named as every command takes a model: a `pull` alias or
+    hf:ORG/REPO (its file, pulled when absent), a GGUF file, a checkpoint directory (each
+    counted in its own tensors' formats, unless `weights` converts them, as `-m X --weights
+    W` does), a preset (`synthetic:NAME` too) or a config.json (in `weights`, default f32:
+    a format, or one of llama.cpp's mixed file types, as its quantizer writes them)."""
     from llama_np.io.gguf import gguf_shape
     from llama_np.io.hub import MODELS, pull
+    from llama_np.io.source import checkpoint_shape
+    from llama_np.model.synthetic import SYNTHETIC
 
+    preset = spec.startswith(SYNTHETIC)
+    spec = spec.removeprefix(SYNTHETIC)
+    named = not preset and (spec in MODELS or spec.startswith("hf:"))
+    path = pull(spec) if named else Path(spec).expanduser()
+    stored = None
+    if preset:
+        pass
+    elif path.is_file() and path.suffix == ".gguf":
+        stored = gguf_shape(path)
+    elif path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        stored = checkpoint_shape(path)
+    if stored is not None:
+        config, plan, stored_head, embed = stored
+        if named:  # reports name it as the user did, as `load` does
+            config = replace(config, name=spec)
+        if weights is None:
+            return config, plan, head or stored_head, embed
+    else:
+        try:
+            config = load_config(str(path))
+        except ConfigError as e:
+            if not path.exists() and spec not in PRESETS:
+                raise UsageError(f"{spec!r} is neither a `pull` alias ({', '.join(MODELS)}), a "
+                                 "GGUF file, a checkpoint, a preset nor a config.json "
+                                 "(`llama-np sol --help` lists the presets)") from None  # fmt: skip
+            raise UsageError(str(e)) from None
+    return config, *weights_of(weights or "f32", head, config)
+
+
+def endpoint_shape(args: argparse.Namespace) -> Shape | None:
+    """The served model's shape and formats from --config (model_shape). None without
+    --config."""
     if args.config is None:
         if args.weights:
             raise UsageError("--weights with --endpoint describes --config's model: give both")
         return None
-    named = args.config in MODELS or args.config.startswith("hf:")
-    path = pull(args.config) if named else Path(args.config)
-    if path.is_file() and path.suffix == ".gguf":
-        config, plan, head, embed = gguf_shape(path)
-        if args.weights is None:
-            return config, plan, args.head or head, embed
-    else:
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            if not path.exists():
-                raise UsageError(f"--config {args.config!r} is neither a GGUF file, a `pull` "
-                                 f"alias ({', '.join(MODELS)}), a preset nor a config.json "
-                                 "(`llama-np sol --help` lists the presets)") from None  # fmt: skip
-            raise UsageError(str(e)) from None
-    return config, *weights_of(args.weights or "f32", args.head, config)
+    return model_shape(args.config, args.weights, args.head)
 
 
 def weights_of(weights: str, head: str | None, config) -> tuple:
@@ -363,10 +438,12 @@ def hold_endpoint(rows: list, args: argparse.Namespace, base: str, info: dict | 
          device.bandwidth if device else None, peak)  # fmt: skip
 
 
-def bench_model(args: argparse.Namespace, threads: int, kernels: str) -> Transformer:
-    """The model to measure on these kernels, started: a checkpoint, or `synthetic:SHAPE`."""
+def bench_model(args: argparse.Namespace, threads: int, kernels: str) -> tuple[Transformer, dict]:
+    """The model to measure on these kernels, started: a checkpoint, or `synthetic:SHAPE`;
+    and its identity (bench.stamp.file_identity, or the synthetic shape and its seed)."""
+    from bench.stamp import file_identity
     from llama_np.api import choose_backend, load
-    from llama_np.model.synthetic import SYNTHETIC, synthetic_model
+    from llama_np.model.synthetic import SEED, SYNTHETIC, synthetic_model
 
     if args.model.startswith(SYNTHETIC):
         backend = choose_backend(kernels)
@@ -376,14 +453,14 @@ def bench_model(args: argparse.Namespace, threads: int, kernels: str) -> Transfo
             raise UsageError(str(e)) from None
         if args.check_tensors:
             check_matrices(model)
-        return model.start(threads)
+        return model.start(threads), {"synthetic": args.model, "seed": SEED}
     for f in (args.weights, args.head):
         if f is not None and f not in TARGETS:
             raise UsageError(f"--weights/--head {f}: K-quants are read as stored, never "
                              "written; only synthetic: models take them")  # fmt: skip
     llm = load(args.model, weights=args.weights, head=args.head, threads=threads,
                kernels=kernels, progress=True, check_tensors=args.check_tensors)  # fmt: skip
-    return llm.model
+    return llm.model, file_identity(llm.path)
 
 
 def check_matrices(model: Transformer) -> None:

@@ -3,7 +3,7 @@ keeps the KV cache between turns instead of prefilling the whole history again."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -62,7 +62,9 @@ class ChatSession:
     """A conversation whose KV cache holds the tokens of every turn so far."""
 
     def __init__(self, llm: LLM, system: str | None = None, ctx: int | None = None,
-                 window: int | None = None, kv: str = "f32", **sampling: Any) -> None:  # fmt: skip
+                 window: int | None = None, kv: str = "f32", stop: Sequence[str] = (),
+                 **sampling: Any) -> None:  # fmt: skip
+        """`stop`: strings that end a reply (not kept in it), as generate's --stop."""
         self.llm = llm
         self.messages: list[dict[str, str]] = (
             [{"role": "system", "content": system}] if system else []
@@ -70,6 +72,7 @@ class ChatSession:
         self.cache = llm.new_cache(ctx, window, kv)
         self.held: list[int] = []  # the tokens the cache holds, in order
         self.sampler = Sampler(SamplerSettings(**sampling))
+        self.stop = list(stop)
         self._args = (ctx, window, kv)
 
     def prompt_ids(self) -> list[int]:
@@ -87,7 +90,7 @@ class ChatSession:
         stats = stats if stats is not None else Stats()
         reply = []
         pieces = generate(self.llm.model, self.llm.tokenizer, ids[keep:], self.cache, self.sampler,
-                          n_predict, stats=stats)  # fmt: skip
+                          n_predict, self.stop, stats)  # fmt: skip
         for piece in pieces:
             reply.append(piece)
             yield piece

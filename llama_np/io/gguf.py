@@ -15,6 +15,7 @@ on whole rows, which leaves quantized blocks intact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,9 +80,21 @@ def _reader(path: Path) -> GGUFReader:
     the ~250,000 small slices it takes while parsing a vocabulary costs several times
     more as an np.memmap (Python-level __getitem__ and __array_finalize__). SmolLM2's
     GGUF loads in 2.3-2.9 s instead of 4.8-7.3 s."""
-    from gguf import GGUFReader  # imported when needed: ~0.2 s
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader  # ~0.2 s
 
     class Reader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            """The tensors' views, once the file is known to hold all their bytes."""
+            end = 0
+            for field in fields:
+                _, _, _, dims, dtype, offset = field.parts
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(dtype[0])]
+                end = max(end, int(start_offs + offset[0]) + int(np.prod(dims)) * size // block)
+            if end > len(self.data):
+                raise Truncated(f"{path}: truncated: {len(self.data):,} bytes of the "
+                                f"{end:,} its tensors need")  # fmt: skip
+            super()._build_tensors(start_offs, fields)
+
         @property
         def data(self) -> np.ndarray:
             return self._array
@@ -134,9 +147,15 @@ def gguf_experts(t: Any, backend: Backend) -> list[Tensor]:
         raise LlamaNpError(f"tensor {t.name!r}: {e}") from None
 
 
+class Truncated(LlamaNpError):
+    """A GGUF file that ends before its tensors' data do (a download cut short)."""
+
+
 def _open(path: Path) -> GGUFReader:
     try:
         return _reader(path)
+    except Truncated:
+        raise
     except Exception as e:  # the reader raises ValueError, KeyError, struct errors...
         raise LlamaNpError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
 
@@ -164,13 +183,22 @@ def gguf_shape(path: Path) -> tuple[Config, list[dict[str, str]], str, str]:
     config = config_from_gguf(Metadata(reader, path), by_name, path.name)
     check_present(config, set(by_name), path)
     types = {n: GGML_TYPES.get(int(t.tensor_type), "?") for n, t in by_name.items()}
+    plan = format_plan(config, lambda hf: types[gguf_name(hf, config)])
+    embed = types["token_embd.weight"]
+    return config, plan, types.get("output.weight", embed), embed
+
+
+def format_plan(config: Config, fmt_of: Callable[[str], str]) -> list[dict[str, str]]:
+    """Per layer the format of each matrix by role (llama_arch.ROLES), from `fmt_of` (a
+    tensor's format by its Hugging Face name); an expert's role w_gate.E counts as the
+    layer's w_gate, and fused roles (wqkv, w_gate_up) as their parts."""
     fused = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
     plan = []
     for i in range(config.n_layers):
         layer: dict[str, str] = {}
         for role, hf in layer_tensor_names(i, config).items():
-            for r in fused.get(role, (role,)):  # an expert's role w_gate.E: the layer's w_gate
-                layer[r.split(".")[0]] = types[gguf_name(hf, config)]
+            if role.split(".")[0] in ROLES or role in fused:
+                for r in fused.get(role, (role,)):
+                    layer[r.split(".")[0]] = fmt_of(hf)
         plan.append({r: layer[r] for r in ROLES})
-    embed = types["token_embd.weight"]
-    return config, plan, types.get("output.weight", embed), embed
+    return plan

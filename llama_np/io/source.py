@@ -75,6 +75,31 @@ def hf_tensors(ckpt: Checkpoint, backend: Backend) -> dict[str, Tensor]:
     return out
 
 
+def checkpoint_shape(directory: Path) -> tuple[Config, list[dict[str, str]], str, str]:
+    """A checkpoint directory's shape and formats, as `gguf_shape` gives a GGUF's: (config,
+    per layer each matrix's format by role, the LM head's, the embedding's), from the
+    safetensors headers and llama-np's format records, reading no weight."""
+    from llama_np.io.gguf import format_plan
+    from quant import SAFETENSORS_DTYPES
+
+    ckpt = load_hf_checkpoint(directory)
+    try:
+        formats = json.loads(ckpt.metadata.get(FORMATS_KEY, "{}"))
+    except json.JSONDecodeError as e:
+        raise LlamaNpError(f"{directory}: bad '{FORMATS_KEY}' metadata ({e})") from None
+
+    def fmt_of(name: str) -> str:
+        if name in formats:
+            return formats[name]["format"]
+        if name not in ckpt.tensors:
+            raise LlamaNpError(f"{directory}: the checkpoint has no tensor {name!r}")
+        return SAFETENSORS_DTYPES.get(ckpt.tensors[name].dtype, "?")
+
+    embed = fmt_of("model.embed_tokens.weight")
+    head = embed if ckpt.config.tie_embeddings else fmt_of("lm_head.weight")
+    return ckpt.config, format_plan(ckpt.config, fmt_of), head, embed
+
+
 def open_source(path: str | Path, backend: Backend | None = None) -> Source:
     """Open a model; quantized matrices are laid out for `backend` (default: NumPy's) as
     they are read."""

@@ -17,11 +17,13 @@ from llama_np.model.transformer import Transformer
 from quant.backends import Backend, numpy_backend
 
 SYNTHETIC = "synthetic:"
+SEED = 0  # the random weights' seed unless asked otherwise (reports name it)
 
 
 def synthetic_model(
-    spec: str, fmt: str | None, head: str | None, backend: Backend | None = None, seed: int = 0
-) -> Transformer:
+    spec: str, fmt: str | None, head: str | None, backend: Backend | None = None,
+    seed: int = SEED,
+) -> Transformer:  # fmt: skip
     """`synthetic:CONFIG_OR_PRESET`: random weights of that shape, built in memory."""
     return random_model(load_config(spec[len(SYNTHETIC) :]), fmt, head, backend, seed)
 

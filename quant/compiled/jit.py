@@ -196,6 +196,18 @@ def sources() -> list[Path]:
     return sorted(Path(__file__).parent.rglob("*.py"))
 
 
+def cache_folder() -> Path:
+    """Where the kernels of this source tree and numba version are cached on disk."""
+    from ..host import cache_dir
+
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"])
+    h = hashlib.sha256(numba.__version__.encode())
+    for source in sources():
+        h.update(source.read_bytes())
+    return cache_dir() / "kernels" / h.hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def kernel_cache() -> Iterator[None]:
     """Kernels defined inside are cached on disk in the project's cache, under a key made
@@ -203,14 +215,9 @@ def kernel_cache() -> Iterator[None]:
     kernel's cache on its own file only, so a change to a helper in another file (this
     one) would load stale machine code; and the project's cache is the one kept between
     runs. An explicit NUMBA_CACHE_DIR wins."""
-    from ..host import cache_dir
-
     saved = numba.config.CACHE_DIR
     if not os.environ.get("NUMBA_CACHE_DIR"):
-        h = hashlib.sha256(numba.__version__.encode())
-        for source in sources():
-            h.update(source.read_bytes())
-        numba.config.CACHE_DIR = str(cache_dir() / "kernels" / h.hexdigest()[:16])
+        numba.config.CACHE_DIR = str(cache_folder())
     try:
         yield
     finally:
