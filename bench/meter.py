@@ -11,7 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-CATEGORIES = ("attn_weights", "mlp_weights", "lm_head", "embedding", "norms", "kv_cache")
+# attn_weights: the token mixer's (attention's, or a recurrent mixer's matrices and its own
+# float32 vectors); state: a recurrent layer's state, read and written whole every step
+CATEGORIES = ("attn_weights", "mlp_weights", "lm_head", "embedding", "norms", "kv_cache",
+              "state")  # fmt: skip
 # time that reads nothing: threads idle at a one-call step's barriers (profile only)
 WAITS = "waits"
 

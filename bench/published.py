@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
 
-from llama_arch import Config, ConfigError, layer_matrices
+from llama_arch import Config, ConfigError, layer_matrices, layer_roles
 from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
@@ -153,22 +153,33 @@ def gguf_plan(ftype: str, c: Config) -> tuple[list[dict[str, str]], str, str]:
     if quantized and base != "q8_0":  # the output tensor: Q6_K, or Q8_0 if rows do not fit
         head = "q6_k" if c.dim % 256 == 0 else "q8_0"
     experts8 = c.n_experts == 8
+    # llama.cpp counts a delta net's fused qkv among the value tensors (n_attention_wv), but
+    # walks only attention's attn_v through them (i_attention_wv)
+    n_wv = sum(c.mixer(i) in ("attention", "delta") for i in range(c.n_layers))
+    i_wv = 0
     plan = []
     for i in range(c.n_layers):
-        layer = {r: base for r in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+        roles = layer_roles(c, i)
+        layer = dict.fromkeys(roles, base)
         if ftype in ("Q4_K_M", "Q5_K_M"):
-            more = "q6_k" if use_more_bits(i, c.n_layers) else base
-            layer["wv"] = layer["w_down"] = more
+            layer["w_down"] = "q6_k" if use_more_bits(i, c.n_layers) else base
+            if "wv" in layer:
+                layer["wv"] = "q6_k" if use_more_bits(i_wv, n_wv) else base
+            if "d_qkv" in layer:  # attn_qkv: one step up
+                layer["d_qkv"] = "q5_k" if ftype == "Q4_K_M" else "q6_k"
         elif ftype == "Q4_K_S" and i < c.n_layers // 8:
             layer["w_down"] = "q5_k"
-            layer["wv"] = "q5_k" if i < 4 else base
-        if ftype.startswith(("Q4_K", "Q5_K")):
+            if "wv" in layer:
+                layer["wv"] = "q5_k" if i_wv < 4 else base
+        i_wv += "wv" in layer
+        if ftype.startswith(("Q4_K", "Q5_K")) and "wv" in layer:
             if c.name in BIG and layer["wv"] == "q4_k":
                 layer["wv"] = "q5_k"
             if experts8:
                 layer["wv"] = layer["wk"] = "q8_0"
                 layer["wo"] = "q5_k" if ftype.startswith("Q4_K") else layer["wo"]
-        plan.append({r: fallback(f, layer_matrices(c)[r][1]) for r, f in layer.items()})
+        dims = layer_matrices(c, i)
+        plan.append({r: fallback(f, dims[r][1]) for r, f in layer.items()})
     embed = head if c.tie_embeddings else fallback(base, c.dim)
     return plan, head, embed
 
@@ -195,8 +206,8 @@ def layout(engine: str, weights: str, c: Config, depth: int = 0) -> Layout:
     """The engine's storage of the format a row names (PublishedError if unknown)."""
 
     def uniform(fmt: str, head: str | None = None, embed: str = "fp16") -> Layout:
-        return Layout([dict.fromkeys(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), fmt)]
-                      * c.n_layers, head or fmt, embed)  # fmt: skip
+        return Layout([dict.fromkeys(layer_roles(c, i), fmt) for i in range(c.n_layers)],
+                      head or fmt, embed)  # fmt: skip
 
     w = weights.strip()
     if engine in ("llama.cpp", "llamafile") and w.upper() in GGUF:

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_arch import (
-    ATTN_ROLES,
+    MIXER_ROLES,
+    MIXER_VECTORS,
     MLP_ROLES,
-    ROLES,
     Config,
     ConfigError,
     layer_matrices,
+    layer_roles,
     layer_vectors,
+    state_floats,
 )
 from quant.backends import get_backend
 from quant.kv import kv_store_class
@@ -45,18 +47,20 @@ class Estimate:
     params_total: int
     params_active: int
     reads: dict[str, int] = field(default_factory=dict)  # bytes per meter category
-    kv_write_bytes: int = 0
+    kv_write_bytes: int = 0  # the KV appends (attention layers)
     flops: int = 0
     engine: bool = True  # matrices counted as llama-np stores them (else: at rest)
     kernels: str = "numpy"  # the backend whose in-memory layout `engine` counts
     batch: int = 1  # sequences stepped together: one token each, every weight read once
     expert_bytes: int = 0  # a mixture of experts: one expert's MLP in every layer, bytes
     expert_reads: int = 0  # ... and the bytes of the experts counted in `reads`
+    state_write_bytes: int = 0  # recurrent layers' states written back (as much as read)
 
     @property
     def per_sequence_bytes(self) -> int:
-        """What each sequence of a batch adds: its KV cache and its embedding row."""
-        return self.reads["kv_cache"] + self.reads["embedding"]
+        """What each sequence of a batch adds: its KV cache, its recurrent states and its
+        embedding row."""
+        return self.reads["kv_cache"] + self.reads["state"] + self.reads["embedding"]
 
     def ridge_batch(self, bandwidth: float, peak_flops: float) -> float:
         """B*, the batch at which the step turns compute-bound: the weights' time
@@ -92,7 +96,7 @@ class Estimate:
 
     @property
     def weight_bytes(self) -> int:
-        return self.bytes_per_token - self.kv_bytes
+        return self.bytes_per_token - self.kv_bytes - self.reads["state"]
 
     @property
     def kv_bytes(self) -> int:
@@ -203,17 +207,18 @@ def estimate(
     the KV cache per sequence, B times the FLOPs. `experts`: a mixture of experts' distinct
     experts per layer as a step read them (the meter's count), for the expected number."""
     s = config
-    plan = [dict.fromkeys(ROLES, weights)] * s.n_layers if isinstance(weights, str) else weights
+    if isinstance(weights, str):
+        plan = [dict.fromkeys(layer_roles(s, i), weights) for i in range(s.n_layers)]
+    else:
+        plan = weights
     if len(plan) != s.n_layers or (not isinstance(weights, str) and head is None):
         raise ConfigError(f"{s.name}: a per-layer plan needs {s.n_layers} layers and a head")
     head = head or weights  # type: ignore[assignment]
     embed = head if s.tie_embeddings else (embed or weights)  # type: ignore[assignment]
-    # keys each layer attends: pos + 1, or its window's (a model's own windows are per
-    # layer: gemma's sliding and global layers; `window` puts one on every layer)
-    layer_keys = []
-    for i in range(s.n_layers):
-        w = s.layer_window(i, window)
-        layer_keys.append(pos + 1 if w is None else min(pos + 1, w))
+    # keys each attention layer attends: pos + 1, or its window's (a model's own windows
+    # are per layer: gemma's sliding and global layers; `window` puts one on every layer)
+    layer_keys = [pos + 1 if (w := s.layer_window(i, window)) is None else min(pos + 1, w)
+                  for i in s.attention_layers]  # fmt: skip
     nbytes = lambda f: matrix_bytes(f, engine, kernels)  # noqa: E731
     reads, expert_bytes, expert_reads = _weight_reads(s, plan, head, embed, nbytes, batch, experts)
     store = kv_store_class(kv)
@@ -222,19 +227,45 @@ def estimate(
     reads["kv_cache"] = batch * sum(
         store.read_nbytes(n, s.n_kv_heads, s.head_dim, tiled) + n * slot for n in layer_keys
     )
+    state = batch * sum(4 * state_floats(s, i) for i in range(s.n_layers))
+    reads["state"] = state
     total, read, matmul = _parameters(s)
-    flops = batch * (2 * matmul + sum(4 * s.n_heads * s.head_dim * n for n in layer_keys))
-    writes = batch * s.n_layers * 2 * slot
+    flops = 2 * matmul + sum(4 * s.n_heads * s.head_dim * n for n in layer_keys)
+    flops = batch * (flops + recurrent_flops(s))
+    writes = batch * len(layer_keys) * 2 * slot
     label = weights_label(weights)
-    return Estimate(s, label, head, kv, pos, max(layer_keys), total, read, reads, writes, flops,
-                    engine, kernels, batch, expert_bytes, expert_reads)  # fmt: skip
+    return Estimate(s, label, head, kv, pos, max(layer_keys, default=0), total, read, reads,
+                    writes, flops, engine, kernels, batch, expert_bytes, expert_reads,
+                    state)  # fmt: skip
+
+
+def recurrent_flops(s: Config) -> int:
+    """A token's arithmetic in the recurrent layers beyond their products: a delta net's
+    convolution and, per value head, the decay, the state's product with k, its rank-1
+    update and its product with q (about 7 k_dim v_dim); a short convolution's."""
+    out = 0
+    for i in range(s.n_layers):
+        if s.mixer(i) == "delta":
+            d = s.delta
+            out += 2 * d.kernel * d.conv_dim + 7 * d.state_floats
+        elif s.mixer(i) == "conv":
+            out += 2 * s.conv_kernel * s.dim + 2 * s.dim
+    return out
 
 
 def norm_floats(s: Config) -> int:
-    """Float32 norm weights a token reads: each layer's (before and after attention and
-    the MLP, of q and k, as the family has them) and the final norm."""
-    per_layer = sum(n for role, n in layer_vectors(s).items() if not role.startswith("b"))
-    return s.n_layers * per_layer + s.dim
+    """Float32 norm weights a token reads: each layer's (before and after the mixer and
+    the MLP, of q and k, a delta net's output norm, as the family has them) and the final
+    norm."""
+    return s.dim + sum(n for i in range(s.n_layers) for role, n in layer_vectors(s, i).items()
+                       if not role.startswith("b") and role not in MIXER_VECTORS)  # fmt: skip
+
+
+def mixer_floats(s: Config) -> int:
+    """Float32 weights of the recurrent mixers a token reads beside their matrices: the
+    convolutions' and a delta net's dt_bias and decay rates."""
+    return sum(n for i in range(s.n_layers) for role, n in layer_vectors(s, i).items()
+               if role in MIXER_VECTORS)  # fmt: skip
 
 
 def _weight_reads(
@@ -247,26 +278,28 @@ def _weight_reads(
     as llama.cpp keeps it, and the experts the batch's tokens use, expected or `experts`
     counted per layer), the LM head, an embedding row per sequence, norms; and of a
     mixture of experts, one expert's bytes in all layers and those of the experts counted."""
-    dims = layer_matrices(s)
     bias = 4 * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
 
-    def layer_bytes(fmts: dict[str, str], roles: tuple[str, ...]) -> int:
-        return sum(nbytes(fmts[r])(dims[r]) for r in roles)
+    def layer_bytes(i: int, roles: tuple[str, ...]) -> int:
+        dims, fmts = layer_matrices(s, i), plan[i]
+        return sum(nbytes(fmts[r])(dims[r]) for r in roles if r in dims)
 
     router = s.n_layers * nbytes("f32")((s.n_experts, s.dim)) if s.n_experts > 1 else 0
     reads = dict.fromkeys(CATEGORIES, 0)
-    reads["attn_weights"] = sum(layer_bytes(f, ATTN_ROLES) + bias for f in plan)
+    mixers = [MIXER_ROLES[s.mixer(i)] for i in range(s.n_layers)]
+    reads["attn_weights"] = sum(layer_bytes(i, r) for i, r in enumerate(mixers))
+    reads["attn_weights"] += bias * len(s.attention_layers) + 4 * mixer_floats(s)
     used = experts or [experts_read(s, batch)] * s.n_layers
     if len(used) != s.n_layers:
         raise ConfigError(f"{s.name}: experts counted for {len(used)} of {s.n_layers} layers")
-    mlp = round(sum(n * layer_bytes(f, MLP_ROLES) for n, f in zip(used, plan, strict=True)))
+    mlp = round(sum(n * layer_bytes(i, MLP_ROLES) for i, n in enumerate(used)))
     reads["mlp_weights"] = mlp + router
     reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
     reads["embedding"] = batch * nbytes(embed)((1, s.dim))
     reads["norms"] = 4 * norm_floats(s)
     if s.n_experts <= 1:
         return reads, 0, 0
-    return reads, sum(layer_bytes(f, MLP_ROLES) for f in plan), mlp
+    return reads, sum(layer_bytes(i, MLP_ROLES) for i in range(s.n_layers)), mlp
 
 
 def experts_read(s: Config, batch: int) -> float:
@@ -281,19 +314,21 @@ def experts_read(s: Config, batch: int) -> float:
 
 def _parameters(s: Config) -> tuple[int, int, int]:
     """(parameters in all, parameters a token reads, weights its products multiply)."""
-    dims = layer_matrices(s)
 
-    def count(roles: tuple[str, ...]) -> int:
+    def count(i: int, roles: tuple[str, ...]) -> int:
+        dims = layer_matrices(s, i)
         return sum(dims[r][0] * dims[r][1] for r in roles)
 
     router = s.n_experts * s.dim if s.n_experts > 1 else 0
-    layer_matmul = count(ATTN_ROLES) + router + s.experts_per_token * count(MLP_ROLES)
-    vectors = norm_floats(s) + (s.n_layers * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0)
+    mixer = sum(count(i, MIXER_ROLES[s.mixer(i)]) for i in range(s.n_layers))
+    mlp = sum(count(i, MLP_ROLES) for i in range(s.n_layers))
+    qkv_bias = len(s.attention_layers) * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
+    vectors = norm_floats(s) + mixer_floats(s) + qkv_bias
     table = s.vocab_size * s.dim
-    total = s.n_layers * (count(ATTN_ROLES) + router + s.n_experts * count(MLP_ROLES)) + vectors
-    total += table if s.tie_embeddings else 2 * table
-    read = s.n_layers * layer_matmul + table + s.dim + vectors
-    return total, read, s.n_layers * layer_matmul + table
+    layers = mixer + s.n_layers * router
+    total = layers + s.n_experts * mlp + vectors + (table if s.tie_embeddings else 2 * table)
+    matmul = layers + s.experts_per_token * mlp
+    return total, matmul + table + s.dim + vectors, matmul + table
 
 
 def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
@@ -311,6 +346,8 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
         "kv_bytes_per_token": e.kv_bytes,
         "bytes_per_token": e.bytes_per_token,
         "kv_write_bytes_per_token": e.kv_write_bytes,
+        "state_bytes_per_token": e.reads["state"],
+        "state_write_bytes_per_token": e.state_write_bytes,
         "bytes_by_category": dict(e.reads),
         "flops_per_token": e.flops,
         "batch": e.batch,

@@ -10,25 +10,41 @@ project.
 
 from __future__ import annotations
 
-from .config import SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
+from .config import MIXERS, SUPPORTED, Config, ConfigError, DeltaNet, RopeScaling, UnsupportedModel
 from .hf import config_from_hf, config_to_hf, read_config_json
 from .presets import PRESETS, load_config
-from .tensors import ATTN_ROLES, MLP_ROLES, ROLES, layer_matrices, layer_vectors
+from .tensors import (
+    ATTN_ROLES,
+    MIXER_ROLES,
+    MIXER_VECTORS,
+    MLP_ROLES,
+    ROLES,
+    layer_matrices,
+    layer_roles,
+    layer_vectors,
+    state_floats,
+)
 
 __all__ = [
     "ATTN_ROLES",
+    "MIXERS",
+    "MIXER_ROLES",
+    "MIXER_VECTORS",
     "MLP_ROLES",
     "PRESETS",
     "ROLES",
     "SUPPORTED",
     "Config",
     "ConfigError",
+    "DeltaNet",
     "RopeScaling",
     "UnsupportedModel",
     "config_from_hf",
     "config_to_hf",
     "layer_matrices",
+    "layer_roles",
     "layer_vectors",
     "load_config",
     "read_config_json",
+    "state_floats",
 ]

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 # Architectures the engine runs (config.json's model_type; gemma3_text is gemma3); the
 # speed-of-light model reads any llama-family shape (mixtral's experts, cohere's tied head, ...).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-             "granite", "mixtral", "qwen3_moe", "olmoe", "granitemoe")  # fmt: skip
+             "olmo3", "granite", "mixtral", "qwen3_moe", "olmoe", "granitemoe", "qwen3_5",
+             "lfm2")  # fmt: skip
 MOE = ("mixtral", "qwen3_moe", "olmoe", "granitemoe")  # the mixtures of experts among them
 
 
@@ -27,18 +28,73 @@ class UnsupportedModel(ConfigError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Frequency scaling of RoPE, as transformers' `rope_type` "linear", "llama3" and
+    """Frequency scaling of RoPE, as transformers' `rope_type` "linear", "llama3",
     "longrope" (phi3: each frequency divided by a factor of its own, the short ones within
-    the original context, the long ones past it, and cos and sin times attention_factor)."""
+    the original context, the long ones past it, and cos and sin times attention_factor)
+    and "yarn" (olmo3's global layers: the low frequencies divided by factor, the high
+    ones kept, a linear ramp between them by rotations in the original context, cos and
+    sin times attention_factor)."""
 
-    kind: str  # "linear", "llama3" or "longrope"
+    kind: str  # "linear", "llama3", "longrope" or "yarn"
     factor: float
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_ctx / low are / factor
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_ctx / high are kept
     original_max_position_embeddings: int = 8192
     short_factor: tuple[float, ...] | None = None  # longrope: per frequency, within the original
     long_factor: tuple[float, ...] | None = None  # longrope: per frequency, past it
-    attention_factor: float = 1.0  # longrope: cos and sin times this
+    attention_factor: float = 1.0  # longrope, yarn: cos and sin times this
+    beta_fast: float = 32.0  # yarn: rotations in the original context above which a
+    beta_slow: float = 1.0  # frequency is kept, below which it is divided by factor
+    truncate: bool = True  # yarn: the ramp's ends rounded to whole dims
+
+
+# A layer's token mixer (Config.layer_types): attention with its KV cache, Qwen3.5's gated
+# delta net (a linear-attention recurrence with a fixed state), LFM2's short convolution.
+MIXERS = ("attention", "delta", "conv")
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """The shape of a gated delta net's layers (Qwen3.5's linear_attention): k_heads heads of
+    queries and keys of k_dim, v_heads of values of v_dim (a multiple of k_heads: each key
+    head serves v_heads / k_heads value heads), a causal depthwise convolution of `kernel`
+    over q, k and v. A sequence keeps, per layer, a state of v_heads x k_dim x v_dim floats
+    and the last kernel - 1 inputs of the convolution."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    kernel: int = 4
+    tiled: bool = False  # value head j reads key head j % k_heads (llama.cpp's GGUF order),
+    # else j // (v_heads / k_heads) (transformers')
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels convolved: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def in_dim(self) -> int:
+        """The rows of the stacked input projection: q, k, v, then z (the output gate),
+        then b (beta) and a (the decay), one of each per value head."""
+        return self.conv_dim + self.value_dim + 2 * self.v_heads
+
+    @property
+    def state_floats(self) -> int:
+        return self.v_heads * self.k_dim * self.v_dim
+
+    def key_head(self, j: int) -> int:
+        """The key head value head j reads."""
+        return j % self.k_heads if self.tiled else j // (self.v_heads // self.k_heads)
 
 
 @dataclass(frozen=True)
@@ -89,6 +145,12 @@ class Config:
     # no position encoding at all); None: every layer
     norm_topk: bool = True  # mixture of experts: the k chosen experts' softmax weights
     # renormalized to sum 1 (mixtral, granitemoe; qwen3_moe and olmoe: norm_topk_prob)
+    # --- hybrids: a token mixer per layer (MIXERS) ---
+    layer_types: tuple[str, ...] | None = None  # each layer's mixer; None: every layer attends
+    delta: DeltaNet | None = None  # the gated delta net's shape (qwen3_5)
+    conv_kernel: int = 0  # the short convolution's width (lfm2's conv_L_cache)
+    attn_gate: bool = False  # qwen3_5: q_proj makes a gate per head too; the attention's
+    # output is multiplied by sigmoid(gate) before o_proj
 
     @property
     def q_dim(self) -> int:
@@ -107,6 +169,21 @@ class Config:
     def rotary(self) -> int:
         """The dims of a head that RoPE turns."""
         return self.rotary_dim or self.head_dim
+
+    def mixer(self, i: int) -> str:
+        """Layer i's token mixer (MIXERS)."""
+        return "attention" if self.layer_types is None else self.layer_types[i]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers that attend (and keep a KV cache)."""
+        return [i for i in range(self.n_layers) if self.mixer(i) == "attention"]
+
+    @property
+    def recurrent(self) -> bool:
+        """Some layer keeps a recurrent state instead of a KV cache: a sequence's cache then
+        cannot be rewound (KVCache.truncate)."""
+        return self.layer_types is not None and any(t != "attention" for t in self.layer_types)
 
     def layer_window(self, i: int, window: int | None = None) -> int | None:
         """Layer i's sliding window: `window` on every layer when given (a user's --window),
@@ -136,9 +213,11 @@ class Config:
                 if r.get(key) is not None:
                     r[key] = tuple(r[key])
             d["rope_scaling"] = RopeScaling(**r)
-        for key in ("eos_ids", "rope_freq_factors", "sliding_layers", "rope_layers"):
+        for key in ("eos_ids", "rope_freq_factors", "sliding_layers", "rope_layers", "layer_types"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
+        if d.get("delta") is not None:
+            d["delta"] = DeltaNet(**d["delta"])
         return cls(**d)
 
     def with_window(self, window: int | None) -> Config:
@@ -192,13 +271,31 @@ class Config:
                                             <= self.head_dim):  # fmt: skip
             raise ConfigError(f"config: the rotary dims ({self.rotary_dim}) must be even and "
                               f"at most head_dim ({self.head_dim})")  # fmt: skip
-        for key in ("sliding_layers", "rope_layers"):
+        for key in ("sliding_layers", "rope_layers", "layer_types"):
             v = getattr(self, key)
             if v is not None and len(v) != self.n_layers:
                 raise ConfigError(f"config: {key} names {len(v)} layers of {self.n_layers}")
+        self._check_mixers()
         r = self.rope_scaling
         if r is not None and r.kind == "longrope":
             for f in (r.short_factor, r.long_factor):
                 if f is None or len(f) != self.rotary // 2 or not all(x > 0 for x in f):
                     raise ConfigError(f"config: longrope wants {self.rotary // 2} positive "
                                       "short and long factors")  # fmt: skip
+
+    def _check_mixers(self) -> None:
+        types = self.layer_types or ()
+        if bad := next((t for t in types if t not in MIXERS), None):
+            raise UnsupportedModel(f"config: a layer's mixer {bad!r} is not supported "
+                                   f"(supported: {', '.join(MIXERS)})")  # fmt: skip
+        d = self.delta
+        if "delta" in types:
+            if d is None:
+                raise ConfigError("config: delta-net layers need the delta net's shape")
+            if min(d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel) < 1:
+                raise ConfigError(f"config: the delta net's dimensions must be positive: {d}")
+            if d.v_heads % d.k_heads:
+                raise ConfigError(f"config: linear_num_value_heads ({d.v_heads}) is not a "
+                                  f"multiple of linear_num_key_heads ({d.k_heads})")  # fmt: skip
+        if "conv" in types and self.conv_kernel < 1:
+            raise ConfigError(f"config: conv_L_cache must be positive, got {self.conv_kernel}")

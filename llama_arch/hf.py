@@ -10,7 +10,15 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .config import MOE, SUPPORTED, Config, ConfigError, RopeScaling, UnsupportedModel
+from .config import (
+    MOE,
+    SUPPORTED,
+    Config,
+    ConfigError,
+    DeltaNet,
+    RopeScaling,
+    UnsupportedModel,
+)
 
 _MAX_DIM = 1 << 17
 _MAX_LAYERS = 1024
@@ -50,11 +58,14 @@ def _ids(value: Any, key: str) -> tuple[int, ...]:
 
 def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling | None]:
     """rope_theta and scaling, in transformers' v4 (`rope_theta`, `rope_scaling`) or
-    v5 (`rope_parameters`) spelling."""
+    v5 (`rope_parameters`) spelling; a config with RoPE per layer type (olmo3): its
+    full_attention layers' (the sliding ones: _local_theta)."""
     params = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(scaling, dict):
         raise ConfigError("config: rope_parameters / rope_scaling must be objects")
+    if isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
     merged = {**scaling, **params}
     theta = _float(params, "rope_theta", _float(d, "rope_theta", 10000.0))
     kind = merged.get("rope_type", merged.get("type", "default"))
@@ -76,9 +87,34 @@ def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling
         )
     if kind == "longrope":
         return theta, _longrope(d, merged, rotary)
-    raise ConfigError(
-        f"config: unsupported rope type {kind!r} (supported: default, linear, llama3, longrope)"
-    )
+    if kind == "yarn":
+        return theta, _yarn(d, merged)
+    raise ConfigError(f"config: unsupported rope type {kind!r} (supported: default, linear, "
+                      "llama3, longrope, yarn)")  # fmt: skip
+
+
+def _yarn(d: dict[str, Any], merged: dict[str, Any]) -> RopeScaling:
+    """transformers' _compute_yarn_parameters: the attention factor 0.1 ln(factor) + 1
+    unless given (or mscale and mscale_all_dim's ratio)."""
+    top = d.get("max_position_embeddings", 2048)
+    orig = _int({"o": merged.get("original_max_position_embeddings", top)}, "o", 1, _MAX_CONTEXT)
+    factor = merged.get("factor")
+    factor = top / orig if factor is None else _float(merged, "factor")
+    if not (math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"config: yarn's factor must be positive, got {factor}")
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    attention = merged.get("attention_factor")
+    if attention is None:
+        m, m_all = merged.get("mscale"), merged.get("mscale_all_dim")
+        attention = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
+    return RopeScaling("yarn", factor, original_max_position_embeddings=orig,
+                       attention_factor=float(attention),
+                       beta_fast=float(merged.get("beta_fast") or 32),
+                       beta_slow=float(merged.get("beta_slow") or 1),
+                       truncate=bool(merged.get("truncate", True)))  # fmt: skip
 
 
 def _longrope(d: dict[str, Any], merged: dict[str, Any], rotary: int) -> RopeScaling:
@@ -125,7 +161,7 @@ def _check_runnable(d: dict[str, Any], arch: str) -> None:
     if arch.startswith("gemma") and d.get("hidden_activation", GELU) != GELU:
         raise ConfigError(f"config: unsupported hidden_activation {d['hidden_activation']!r} "
                           f"(gemma: only {GELU})")  # fmt: skip
-    for key in ("attention_bias", "mlp_bias"):
+    for key in ("attention_bias", "mlp_bias", "conv_bias"):
         if d.get(key):
             raise ConfigError(f"config: {key}=true is not supported")
     if d.get("use_bidirectional_attention"):
@@ -167,6 +203,8 @@ def _window(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tu
         layers = tuple(i >= first for i in range(n_layers))
     elif arch == "smollm3":
         layers = tuple(not r for r in _rope_layers(d, n_layers))
+    elif arch == "olmo3":  # three sliding layers, then a full one
+        layers = tuple(bool((i + 1) % 4) for i in range(n_layers))
     else:
         return window, None
     return (window, layers) if any(layers) else (None, None)
@@ -182,6 +220,77 @@ def _rope_layers(d: dict[str, Any], n_layers: int) -> tuple[bool, ...]:
     if not isinstance(given, list) or len(given) != n_layers:
         raise ConfigError(f"config: no_rope_layers must list {n_layers} layers")
     return tuple(bool(x) for x in given)
+
+
+def _qwen3_5(d: dict[str, Any], n_layers: int, head_dim: int) -> dict[str, Any]:
+    """Qwen3.5: three layers in four a gated delta net (`layer_types`' linear_attention,
+    else every full_attention_interval-th layer attends), the others attention with a
+    sigmoid gate on its output, q and k normed per head, partial rotary (a quarter of the
+    head by default)."""
+    types = d.get("layer_types")
+    if types is None:
+        every = _int(d, "full_attention_interval", 1, _MAX_LAYERS, default=4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                 for i in range(n_layers)]  # fmt: skip
+    names = {"full_attention": "attention", "linear_attention": "delta"}
+    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= set(names):
+        raise UnsupportedModel(f"config: layer_types must name {n_layers} layers, each "
+                               f"full_attention or linear_attention, got {types!r}")  # fmt: skip
+    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    prf = _float(rope, "partial_rotary_factor", _float(d, "partial_rotary_factor", 0.25))
+    if not 0 < prf <= 1:
+        raise ConfigError(f"config: partial_rotary_factor must be in (0, 1], got {prf}")
+    delta = DeltaNet(_int(d, "linear_num_key_heads", 1, _MAX_DIM, 16),
+                     _int(d, "linear_num_value_heads", 1, _MAX_DIM, 32),
+                     _int(d, "linear_key_head_dim", 1, _MAX_DIM, 128),
+                     _int(d, "linear_value_head_dim", 1, _MAX_DIM, 128),
+                     _int(d, "linear_conv_kernel_dim", 1, 64, 4),
+                     tiled=bool(d.get("linear_value_heads_tiled", False)))  # fmt: skip
+    return {"layer_types": tuple(names[t] for t in types), "delta": delta, "attn_gate": True,
+            "qk_norm": "head", "rotary_dim": 2 * int(head_dim * prf / 2)}  # fmt: skip
+
+
+def _local_theta(d: dict[str, Any]) -> float:
+    """olmo3's sliding layers' rope_theta (rope_parameters per layer type), else the one."""
+    params = d.get("rope_parameters")
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    if isinstance(local, dict) and local.get("rope_type", "default") != "default":
+        raise ConfigError("config: olmo3's sliding layers take plain RoPE, got "
+                          f"{local.get('rope_type')!r}")  # fmt: skip
+    fallback = _float(d, "rope_theta", 500000.0)
+    return _float(local, "rope_theta", fallback) if isinstance(local, dict) else fallback
+
+
+def _lfm2(d: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """LFM2: short convolutions beside attention (`layer_types`' conv, else the layers not
+    in full_attn_idxs; neither: every layer attends), q and k normed per head."""
+    types = d.get("layer_types")
+    if types is None:
+        full = d.get("full_attn_idxs")
+        full = range(n_layers) if full is None else full
+        types = ["full_attention" if i in full else "conv" for i in range(n_layers)]
+    names = {"full_attention": "attention", "conv": "conv"}
+    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= set(names):
+        raise UnsupportedModel(f"config: layer_types must name {n_layers} layers, each "
+                               f"full_attention or conv, got {types!r}")  # fmt: skip
+    return {"layer_types": tuple(names[t] for t in types), "qk_norm": "head",
+            "conv_kernel": _int(d, "conv_L_cache", 1, 64, 3)}  # fmt: skip
+
+
+def lfm2_hidden(d: dict[str, Any]) -> int:
+    """LFM2's MLP width as Lfm2MLP makes it from intermediate_size (block_ff_dim): two
+    thirds of it, times block_ffn_dim_multiplier and rounded up to block_multiple_of when
+    there is a multiplier (block_auto_adjust_ff_dim)."""
+    ff = _int(d, "block_ff_dim", 1, _MAX_DIM * 8, default=d.get("intermediate_size", 12288))
+    if not d.get("block_auto_adjust_ff_dim", True):
+        return ff
+    ff = int(2 * ff / 3)
+    mult = d.get("block_ffn_dim_multiplier", 1.0)
+    if mult is not None:
+        ff = int(_float({"m": mult}, "m") * ff)
+        of = _int(d, "block_multiple_of", 1, _MAX_DIM, default=256)
+        ff = of * ((ff + of - 1) // of)
+    return ff
 
 
 def _f32(x: float) -> float:
@@ -207,8 +316,12 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
             out["attn_softcap"] = d.get("attn_logit_softcapping")
         else:  # transformers' Gemma3 never soft-caps the scores
             out["rope_local_theta"] = _float(d, "rope_local_base_freq", 10000.0)
-    if arch == "olmo2":
+    if arch in ("olmo2", "olmo3"):
         out |= {"qk_norm": "all", "pre_norm": False, "post_norm": True}
+    if arch == "olmo3":  # the sliding layers' RoPE: their own base, unscaled
+        out["rope_local_theta"] = _local_theta(d)
+    if arch == "lfm2":
+        out |= _lfm2(d, n_layers)
     if arch == "phi3":
         prf = _float(d, "partial_rotary_factor", 1.0)
         if not 0 < prf <= 1:
@@ -216,6 +329,8 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
         out["rotary_dim"] = int(head_dim * prf)
     if arch == "smollm3":
         out["rope_layers"] = _rope_layers(d, n_layers)
+    if arch == "qwen3_5":
+        out |= _qwen3_5(d, n_layers, head_dim)
     if arch in ("granite", "granitemoe"):
         out |= {"embed_scale": _float(d, "embedding_multiplier", 1.0),
                 "attn_scale": _float(d, "attention_multiplier", 1.0),
@@ -237,14 +352,38 @@ GEMMA3_TEXT = {  # Gemma3TextConfig's defaults: a multimodal gemma3's text_confi
 }  # fmt: skip
 
 
+QWEN3_5_TEXT = {  # Qwen3_5TextConfig's defaults (transformers 5)
+    "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+}  # fmt: skip
+LFM2 = {  # Lfm2Config's defaults (its legacy keys block_ff_dim, tie_embedding too)
+    "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "max_position_embeddings": 128000, "norm_eps": 1e-5, "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True, "conv_L_cache": 3, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+OLMO3 = {  # Olmo3Config's defaults
+    "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096,
+    "bos_token_id": None, "eos_token_id": 50279, "tie_word_embeddings": False,
+}  # fmt: skip
+DEFAULTS = {"lfm2": LFM2, "olmo3": OLMO3}  # a family whose saved config.json leaves them out
+# a multimodal checkpoint's text model: (its model_type here, the text config's defaults)
+TEXT_PARTS = {"gemma3": ("gemma3", GEMMA3_TEXT), "qwen3_5": ("qwen3_5", QWEN3_5_TEXT)}
+
+
 def _text_config(d: dict[str, Any]) -> dict[str, Any]:
-    """A multimodal gemma3's language model: its text_config over Gemma3TextConfig's
-    defaults (with the ids the top level may hold)."""
+    """A multimodal checkpoint's language model (gemma3, qwen3_5): its text_config over the
+    text config class's defaults (with the ids the top level may hold)."""
+    arch, defaults = TEXT_PARTS[d["model_type"]]
     text = d.get("text_config")
     if not isinstance(text, dict):
-        raise ConfigError("config: a gemma3 config.json must hold a 'text_config' object")
+        raise ConfigError(f"config: a {arch} config.json must hold a 'text_config' object")
     top = {k: d[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in d}
-    return {**GEMMA3_TEXT, **top, **text, "model_type": "gemma3"}
+    return {**defaults, **top, **text, "model_type": arch}
 
 
 def _experts(d: dict[str, Any]) -> tuple[int, int]:
@@ -262,8 +401,15 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
         raise ConfigError("config: config.json must hold a JSON object")
     if d.get("model_type") == "gemma3_text":
         d = {**GEMMA3_TEXT, **d, "model_type": "gemma3"}
-    elif d.get("model_type") == "gemma3" and "text_config" in d:
+    elif d.get("model_type") == "qwen3_5_text":
+        d = {**QWEN3_5_TEXT, **d, "model_type": "qwen3_5"}
+    elif d.get("model_type") in TEXT_PARTS and "text_config" in d:
         d = _text_config(d)
+    elif d.get("model_type") in DEFAULTS:
+        d = {**DEFAULTS[d["model_type"]], **d}
+        if d["model_type"] == "lfm2":  # its legacy and own names
+            d |= {"tie_word_embeddings": d.get("tie_embedding", d["tie_word_embeddings"]),
+                  "intermediate_size": lfm2_hidden(d), "rms_norm_eps": d["norm_eps"]}  # fmt: skip
     arch = d.get("model_type")
     if runnable:
         if arch is None:
@@ -321,7 +467,8 @@ HF_CLASSES = {
     "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
-    "granitemoe": "GraniteMoeForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
 }  # fmt: skip
 
 
@@ -330,7 +477,7 @@ def config_to_hf(c: Config) -> dict[str, Any]:
     config_from_hf reads back into the same Config."""
     d: dict[str, Any] = {
         "architectures": [HF_CLASSES.get(c.arch, "LlamaForCausalLM")],
-        "model_type": "gemma3_text" if c.arch == "gemma3" else c.arch,
+        "model_type": {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(c.arch, c.arch),
         "hidden_size": c.dim,
         "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads,
@@ -364,6 +511,10 @@ def _rope_to_hf(s: RopeScaling) -> dict[str, Any]:
             r["attention_factor"] = s.attention_factor
         return {"rope_scaling": r, "original_max_position_embeddings": orig}
     out: dict[str, Any] = {"rope_type": s.kind, "factor": s.factor}
+    if s.kind == "yarn":
+        out |= {"original_max_position_embeddings": s.original_max_position_embeddings,
+                "attention_factor": s.attention_factor, "beta_fast": s.beta_fast,
+                "beta_slow": s.beta_slow, "truncate": s.truncate}  # fmt: skip
     if s.kind == "llama3":
         out.update(
             low_freq_factor=s.low_freq_factor,
@@ -388,10 +539,27 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
             d["attn_logit_softcapping"] = c.attn_softcap
         else:
             d["rope_local_base_freq"] = c.rope_local_theta or c.rope_theta
-    if c.arch == "phi3" and c.rotary_dim:
+    if c.arch in ("phi3", "qwen3_5") and c.rotary_dim:
         d["partial_rotary_factor"] = c.rotary_dim / c.head_dim
+    if c.delta is not None:
+        names = {"attention": "full_attention", "delta": "linear_attention"}
+        dn = c.delta
+        d |= {"layer_types": [names[t] for t in c.layer_types or ()],
+              "linear_num_key_heads": dn.k_heads, "linear_num_value_heads": dn.v_heads,
+              "linear_key_head_dim": dn.k_dim, "linear_value_head_dim": dn.v_dim,
+              "linear_conv_kernel_dim": dn.kernel}  # fmt: skip
+        if dn.tiled:  # llama-np's own key: the value heads in a GGUF's order (DeltaNet.tiled)
+            d["linear_value_heads_tiled"] = True
     if c.arch == "smollm3" and c.rope_layers is not None:
         d["no_rope_layers"] = [int(r) for r in c.rope_layers]
+    if c.arch == "olmo3":
+        local = {"rope_type": "default", "rope_theta": c.rope_local_theta}
+        d["rope_parameters"] = {"sliding_attention": local}
+    if c.arch == "lfm2":
+        names = {"attention": "full_attention", "conv": "conv"}
+        d |= {"layer_types": [names[t] for t in c.layer_types or ()],
+              "conv_L_cache": c.conv_kernel, "block_auto_adjust_ff_dim": False,
+              "norm_eps": c.norm_eps}  # fmt: skip
     if c.n_experts > 1:
         experts = "num_local_experts" if c.arch in ("mixtral", "granitemoe") else "num_experts"
         d |= {experts: c.n_experts, "num_experts_per_tok": c.experts_per_token,

@@ -172,14 +172,16 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None, exp=No
     )
     per = "token" if e.batch == 1 else "step"
     batch = "" if e.batch == 1 else f"a batch of {e.batch} sequences, each at "
+    state = e.reads["state"]
+    state = f", recurrent state {state / 1e6:.2f}, written back whole" if state else ""
     lines = [
         f"{e.config.name}: weights {e.weights}{head}, kv {e.kv}, {batch}position {e.pos}, "
         f"attends to {e.n_keys} keys; bytes as {layout}",
         f"  parameters       {e.params_total / 1e6:12.1f} M total, "
         f"{e.params_active / 1e6:.1f} M read per token",
         f"  bytes per {per:5s}  {e.bytes_per_token / 1e6:12.2f} MB "
-        f"(weights {e.weight_bytes / 1e6:.2f}, KV {e.kv_bytes / 1e6:.2f})",
-        *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items()),
+        f"(weights {e.weight_bytes / 1e6:.2f}, KV {e.kv_bytes / 1e6:.2f}{state})",
+        *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items() if b or cat != "state"),
         f"  FLOPs per {per:5s}  {e.flops / 1e9:12.3f} GFLOP "
         f"({e.flops / e.bytes_per_token:.2f} FLOP/byte)",
     ]

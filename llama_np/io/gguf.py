@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llama_arch import ROLES, Config
+from llama_arch import Config, layer_roles
 from llama_np.errors import LlamaNpError
 from llama_np.io.gguf_config import (
     Metadata,
@@ -196,9 +196,10 @@ def format_plan(config: Config, fmt_of: Callable[[str], str]) -> list[dict[str, 
     plan = []
     for i in range(config.n_layers):
         layer: dict[str, str] = {}
+        roles = layer_roles(config, i)
         for role, hf in layer_tensor_names(i, config).items():
-            if role.split(".")[0] in ROLES or role in fused:
+            if role.split(".")[0] in roles or role in fused:
                 for r in fused.get(role, (role,)):
                     layer[r.split(".")[0]] = fmt_of(hf)
-        plan.append({r: layer[r] for r in ROLES})
+        plan.append({r: layer[r] for r in roles})
     return plan

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from llama_arch import Config, layer_matrices, layer_vectors
+from llama_arch import MIXER_VECTORS, Config, layer_matrices, layer_vectors
 from llama_np.errors import LlamaNpError
-from llama_np.model.transformer import Experts, Layer, Weights
+from llama_np.model.transformer import ConvMixer, DeltaMixer, Experts, Layer, Weights
 from quant import Matrix, Weight, arena, stack_rows
 from quant.backends import Backend, numpy_backend
 
@@ -20,6 +20,8 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
     """The Hugging Face names of layer i's tensors, by role (llama_arch.tensors; phi3's
     fused q, k, v and gate, up as the roles wqkv and w_gate_up)."""
     p = f"model.layers.{i}."
+    if c.arch == "lfm2":
+        return lfm2_names(p, c.mixer(i))
     gemma = c.arch in ("gemma2", "gemma3")
     names = {
         "wq": p + "self_attn.q_proj.weight",
@@ -42,10 +44,45 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
     if c.post_norm:
         names |= {"attn_post_norm": p + "post_attention_layernorm.weight",
                   "mlp_post_norm": p + "post_feedforward_layernorm.weight"}  # fmt: skip
+    if c.mixer(i) == "delta":
+        return {k: v for k, v in names.items() if k[0] != "w" or k.startswith("w_")} | delta_names(
+            p
+        )
     if c.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
     biases = {f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"} if c.qkv_bias else {}
     return names | biases | expert_names(p, c)
+
+
+def delta_names(p: str) -> dict[str, str]:
+    """A gated delta net's tensors (Qwen3.5's linear_attn): "a" is llama-np's name for
+    -exp(A_log), the decay rates, as a GGUF stores them (hf_hybrid makes it)."""
+    a = p + "linear_attn."
+    return {"d_qkv": a + "in_proj_qkv.weight", "d_z": a + "in_proj_z.weight",
+            "d_b": a + "in_proj_b.weight", "d_a": a + "in_proj_a.weight",
+            "wo": a + "out_proj.weight", "conv": a + "conv1d.weight", "dt_bias": a + "dt_bias",
+            "a": a + "A", "d_norm": a + "norm.weight"}  # fmt: skip
+
+
+def lfm2_names(p: str, mixer: str) -> dict[str, str]:
+    """LFM2's layer: norms before the mixer and the MLP, the MLP as w1, w3, w2; a short
+    convolution's in_proj, conv and out_proj, or attention with per-head q and k norms."""
+    names = {"attn_norm": p + "operator_norm.weight", "mlp_norm": p + "ffn_norm.weight",
+             "w_gate": p + "feed_forward.w1.weight", "w_up": p + "feed_forward.w3.weight",
+             "w_down": p + "feed_forward.w2.weight"}  # fmt: skip
+    if mixer == "conv":
+        return names | {"c_in": p + "conv.in_proj.weight", "conv": p + "conv.conv.weight",
+                        "wo": p + "conv.out_proj.weight"}  # fmt: skip
+    a = p + "self_attn."
+    return names | {"wq": a + "q_proj.weight", "wk": a + "k_proj.weight",
+                    "wv": a + "v_proj.weight", "wo": a + "out_proj.weight",
+                    "q_norm": a + "q_layernorm.weight",
+                    "k_norm": a + "k_layernorm.weight"}  # fmt: skip
+
+
+def final_norm_name(c: Config) -> str:
+    """The final norm's Hugging Face name (LFM2 calls it the embedding norm)."""
+    return "model.embedding_norm.weight" if c.arch == "lfm2" else "model.norm.weight"
 
 
 def expert_names(p: str, c: Config) -> dict[str, str]:
@@ -60,40 +97,54 @@ def expert_names(p: str, c: Config) -> dict[str, str]:
     return names
 
 
-def layer_shapes(c: Config) -> dict[str, tuple[int, ...]]:
-    """The shape of each of a layer's tensors by role, the fused ones included (an
+def layer_shapes(c: Config, i: int = 0) -> dict[str, tuple[int, ...]]:
+    """The shape of each of layer i's tensors by role, the fused ones included (an
     expert's role, w_gate.E, has w_gate's shape: role_shape)."""
-    shapes: dict[str, tuple[int, ...]] = dict(layer_matrices(c))
+    shapes: dict[str, tuple[int, ...]] = dict(layer_matrices(c, i))
     shapes["wqkv"] = (c.q_dim + 2 * c.kv_dim, c.dim)
     shapes["w_gate_up"] = (2 * c.hidden_dim, c.dim)
     shapes["router"] = (c.n_experts, c.dim)
-    return shapes | {k: (n,) for k, n in layer_vectors(c).items()}
+    return shapes | {k: (n,) for k, n in layer_vectors(c, i).items()}
 
 
 def role_shape(shapes: dict[str, tuple[int, ...]], role: str) -> tuple[int, ...]:
     return shapes[role.split(".")[0]]
 
 
-NORM_PLUS_ONE = ("gemma2", "gemma3")  # transformers' Gemma RMSNorm: x * (1 + w)
+# transformers' RMSNorm as x * (1 + w): Gemma's, Qwen3.5's (but for its delta net's output
+# norm, x * w)
+NORM_PLUS_ONE = ("gemma2", "gemma3", "qwen3_5")
 
 
 def hf_norms(c: Config, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """A Hugging Face checkpoint's norm weights as the forward pass multiplies by them:
-    Gemma's stored w as 1 + w (in float32, as transformers adds them; llama.cpp's converter
-    stores the sum in the GGUF)."""
-    if c.arch not in NORM_PLUS_ONE:
-        return tensors
+    Gemma's and Qwen3.5's stored w as 1 + w (in float32, as transformers adds them;
+    llama.cpp's converter stores the sum in the GGUF); a delta net's A_log as the decay
+    rates -exp(A_log) (what a GGUF stores)."""
     out = dict(tensors)
     for name, t in tensors.items():
-        if name.endswith("norm.weight") and isinstance(t, np.ndarray):
+        if name.endswith("linear_attn.A_log"):
+            out[name.removesuffix("_log")] = -np.exp(np.asarray(t, np.float32))
+            del out[name]
+        plus_one = c.arch in NORM_PLUS_ONE and not name.endswith("linear_attn.norm.weight")
+        if plus_one and name.endswith("norm.weight") and isinstance(t, np.ndarray):
             out[name] = np.float32(1) + np.asarray(t, np.float32)
     return out
 
 
-def _get(tensors: dict[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
+def _get(tensors: dict[str, Tensor], name: str, shape: tuple[int, ...],
+         flat: bool = False) -> Tensor:  # fmt: skip
+    """The tensor `name` checked against `shape`; `flat`: a recurrent mixer's own weights
+    (a convolution's (channels, 1, kernel) or (channels, kernel)), flattened to float32."""
     if name not in tensors:
         raise LlamaNpError(f"the checkpoint has no tensor {name!r}")
     t = tensors[name]
+    if flat:
+        t = t.dequantize() if isinstance(t, Weight) else np.asarray(t, np.float32)
+        if t.size != shape[0]:
+            raise LlamaNpError(f"tensor {name!r} has shape {tuple(t.shape)}, the config "
+                               f"implies {shape[0]} values")  # fmt: skip
+        return t.reshape(-1)
     if tuple(t.shape) != shape or (len(shape) == 2) != isinstance(t, Weight):
         raise LlamaNpError(
             f"tensor {name!r} has shape {tuple(t.shape)}, the config implies {shape}"
@@ -106,15 +157,15 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     layer by role, and the global ones ("embed", "norm", "head": None when tied)."""
     if not c.qkv_bias and (extra := next((n for n in tensors if n.endswith("_proj.bias")), None)):
         raise LlamaNpError(f"tensor {extra!r}: biases are not supported for {c.arch}")
-    shapes = layer_shapes(c)
     layers = []
     for i in range(c.n_layers):
-        names = layer_tensor_names(i, c).items()
-        layers.append({k: _get(tensors, n, role_shape(shapes, k)) for k, n in names})
+        shapes, names = layer_shapes(c, i), layer_tensor_names(i, c).items()
+        layers.append({k: _get(tensors, n, role_shape(shapes, k), k in MIXER_VECTORS)
+                       for k, n in names})  # fmt: skip
     embed = _get(tensors, "model.embed_tokens.weight", (c.vocab_size, c.dim))
     tied = c.tie_embeddings or "lm_head.weight" not in tensors
     head = None if tied else _get(tensors, "lm_head.weight", (c.vocab_size, c.dim))
-    norm = _get(tensors, "model.norm.weight", (c.dim,))
+    norm = _get(tensors, final_norm_name(c), (c.dim,))
     return layers, {"embed": embed, "norm": norm, "head": head}
 
 
@@ -136,9 +187,21 @@ def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
         if c.n_experts > 1:
             experts = Experts(m["router"], [m[f"w_gate_up.{e}"] for e in range(c.n_experts)],
                               [m[f"w_down.{e}"] for e in range(c.n_experts)])  # fmt: skip
-        out.append(Layer(wqkv=m["wqkv"], wo=m["wo"], w_gate_up=m.get("w_gate_up"),
-                         w_down=m.get("w_down"), qkv_bias=bias, experts=experts, **v))  # fmt: skip
+        out.append(Layer(wqkv=m.get("wqkv"), wo=m["wo"], w_gate_up=m.get("w_gate_up"),
+                         w_down=m.get("w_down"), qkv_bias=bias, experts=experts,
+                         mixer=mixer_of(c, m), **v))  # fmt: skip
     return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
+
+
+def mixer_of(c: Config, m: dict) -> DeltaMixer | ConvMixer | None:
+    """A layer's recurrent mixer from its tensors by role (None: it attends)."""
+    if "d_in" in m:
+        kernel = c.delta.kernel
+        return DeltaMixer(m["d_in"], vector(m["conv"]).reshape(-1, kernel), vector(m["dt_bias"]),
+                          vector(m["a"]), vector(m["d_norm"]))  # fmt: skip
+    if "c_in" in m:
+        return ConvMixer(m["c_in"], vector(m["conv"]).reshape(-1, c.conv_kernel))
+    return None
 
 
 def build_weights(
@@ -182,7 +245,9 @@ def build_weights(
     for m in layers:  # the router stays float32, as llama.cpp keeps it
         m.update({k: to(v, "f32" if k == "router" else fmt) for k, v in m.items()
                   if isinstance(v, Weight)})  # fmt: skip
-        if "wqkv" not in m:  # stored fused (phi3): as it is
+        if "d_qkv" in m:  # a delta net's input projections, one product
+            m["d_in"] = stack_rows([m.pop(f"d_{x}") for x in ("qkv", "z", "b", "a")])
+        elif "wq" in m:  # attention's, unless stored fused (phi3): as it is
             m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
         for e in [None] if c.n_experts <= 1 else range(c.n_experts):
             at = "" if e is None else f".{e}"

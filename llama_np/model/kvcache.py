@@ -9,6 +9,11 @@ Layers may differ: Gemma's sliding layers keep a ring of W, its global layers ev
 position. All of a cache's stores have one shape (the largest layer's slots: the compiled
 kernels address every layer's stores alike); a ring uses its first W slots, and the
 untouched pages of the rest are never mapped (quant.kv.lazy_zeros).
+
+A hybrid's recurrent layers (a gated delta net, a short convolution) keep no keys and
+values: a `State` of fixed size instead, which every token reads and writes whole. A state
+cannot be rewound: `truncate` to an earlier position says False, and a conversation
+prefills its history again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llama_arch import Config
+from llama_arch import Config, state_floats
 from llama_np.errors import UsageError
 from quant.backends import Backend, numpy_backend
 from quant.kv import kv_store_class
@@ -33,18 +38,49 @@ def physical_memory() -> int:
 
 def layer_slots(config: Config, capacity: int, window: int | None) -> list[int]:
     """Per layer, the slots its keys and values occupy: its window (a ring), else the
-    capacity. `window`: a user's, on every layer (None: the model's own)."""
+    capacity; 0 for a layer that does not attend. `window`: a user's, on every layer
+    (None: the model's own)."""
     out = []
     for i in range(config.n_layers):
         w = config.layer_window(i, window)
-        out.append(capacity if w is None else w)
+        out.append(0 if config.mixer(i) != "attention" else capacity if w is None else w)
     return out
 
 
 def cache_nbytes(config: Config, capacity: int, window: int | None, fmt: str) -> int:
-    """Bytes a cache of this capacity (or window) takes once full."""
+    """Bytes a cache of this capacity (or window) takes once full, recurrent states
+    included."""
     slot = kv_store_class(fmt).slot_nbytes(config.n_kv_heads, config.head_dim)
-    return 2 * sum(layer_slots(config, capacity, window)) * slot
+    states = sum(4 * state_floats(config, i) for i in range(config.n_layers))
+    return 2 * sum(layer_slots(config, capacity, window)) * slot + states
+
+
+class State:
+    """A recurrent layer's memory of a sequence, float32, zero at its start: a gated delta
+    net's `s` (v_heads, k_dim, v_dim) and its convolution's last kernel - 1 inputs `conv`
+    (kernel - 1, channels), oldest first; a short convolution's `conv` alone (`s` empty).
+    Every token reads and writes all of it."""
+
+    def __init__(self, config: Config, layer: int) -> None:
+        if config.mixer(layer) == "delta":
+            d = config.delta
+            self.s = np.zeros((d.v_heads, d.k_dim, d.v_dim), np.float32)
+            self.conv = np.zeros((d.kernel - 1, d.conv_dim), np.float32)
+        else:
+            self.s = np.zeros((0, 0, 0), np.float32)
+            self.conv = np.zeros((config.conv_kernel - 1, config.dim), np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.s.nbytes + self.conv.nbytes
+
+    def copy_to(self, other: State) -> None:
+        other.s[...] = self.s
+        other.conv[...] = self.conv
+
+    def clear(self) -> None:
+        self.s[...] = 0
+        self.conv[...] = 0
 
 
 def check_batch_fits(model, batch: int, capacity: int, window: int | None, fmt: str) -> None:
@@ -115,11 +151,16 @@ class KVCache:
                 "this machine's memory; lower -c/--ctx-size or set --window"
             )
         self.config = config
-        self.k = [self.backend.kv_store(fmt, shape, True) for _ in range(config.n_layers)]
-        self.v = [self.backend.kv_store(fmt, shape, False) for _ in range(config.n_layers)]
+        attends = [config.mixer(i) == "attention" for i in range(config.n_layers)]
+        # the stores of the layers that attend (None for a recurrent one), and the states
+        # of those that do not (None for an attention layer)
+        self.k = [self.backend.kv_store(fmt, shape, True) if a else None for a in attends]
+        self.v = [self.backend.kv_store(fmt, shape, False) if a else None for a in attends]
+        self.states = [None if a else State(config, i) for i, a in enumerate(attends)]
         # per layer, the stores' arrays as a compiled kernel reads and writes them in place
         self._arrays = [
-            (tuple(k.arrays()), tuple(v.arrays())) for k, v in zip(self.k, self.v, strict=True)
+            (tuple(k.arrays()), tuple(v.arrays())) if k is not None else None
+            for k, v in zip(self.k, self.v, strict=True)
         ]
         self.fmt = fmt
         self.head_shape = (config.n_kv_heads, config.head_dim)
@@ -127,8 +168,14 @@ class KVCache:
 
     @property
     def endless(self) -> bool:
-        """Every layer is a ring: positions never run out."""
-        return all(w is not None for w in self.windows)
+        """Every layer that attends is a ring: positions never run out."""
+        return all(w is not None for w, k in zip(self.windows, self.k, strict=True) if k)
+
+    @property
+    def stores(self):
+        """A layer's key store that exists: they are all alike (the first attention
+        layer's)."""
+        return next(k for k in self.k if k is not None), next(v for v in self.v if v is not None)
 
     def room(self) -> int | None:
         """How many more positions fit; None when windows make the cache endless."""
@@ -144,17 +191,25 @@ class KVCache:
             raise ContextFull(
                 f"context full: {p0 + t} positions exceed the context size {self.capacity}"
             )
-        K, V = self.k[0], self.v[0]  # every layer's stores are alike
+        none = Span(t, 0, 0, 0, 0)  # a layer that does not attend: no keys, no values
+        if all(k is None for k in self.k):
+            return [none] * len(self.k)
+        K, V = self.stores  # every layer's stores are alike
         written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
         by_window: dict[int | None, Span] = {}
-        for w, ring in zip(self.windows, self.rings, strict=True):
+        out = []
+        for w, ring, k in zip(self.windows, self.rings, self.k, strict=True):
+            if k is None:
+                out.append(none)
+                continue
             if w not in by_window:
                 n = p0 + t if w is None else min(p0 + t, w)
                 # a batch under a window reads the keys held, then attends to the new ones
                 read = min(p0, w) if w is not None and t > 1 else n
                 by_window[w] = Span(t, p0 % ring, n, K.stored_nbytes(read) + V.stored_nbytes(read),
                                     written)  # fmt: skip
-        return [by_window[w] for w in self.windows]
+            out.append(by_window[w])
+        return out
 
     def arrays(self, layer: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The arrays of `layer`'s key and value stores, as a compiled kernel takes them: it
@@ -204,10 +259,14 @@ class KVCache:
 
     def fill_random(self, n: int, rng: np.random.Generator) -> None:
         """Start at depth n: random keys and values for positions 0..n-1 (the newest W of
-        them under a window), written through the cache's format. For benchmarks, which
-        need the KV reads of a deep context, not its meaning."""
+        them under a window), written through the cache's format, and small random
+        recurrent states. For benchmarks, which need the KV reads of a deep context, not
+        its meaning."""
         if not self.endless and n > self.capacity:
             raise ContextFull(f"depth {n} exceeds the context size {self.capacity}")
+        for state in filter(None, self.states):
+            state.s[...] = rng.standard_normal(state.s.shape, np.float32) * np.float32(0.1)
+            state.conv[...] = rng.standard_normal(state.conv.shape, np.float32)
         for layer, ring in enumerate(self.rings):
             keep = min(n, ring)
             chunk = min(1024, ring)  # bounded temporary memory; a ring wraps once at most
@@ -220,9 +279,12 @@ class KVCache:
 
     def truncate(self, n: int) -> bool:
         """Forget every position from n on; False (nothing changed) when a ring has already
-        overwritten keys that position n - 1 would need."""
+        overwritten keys that position n - 1 would need, or a recurrent state has taken in
+        the positions after n (a state cannot be rewound)."""
         if n > self.pos:
             raise ValueError(f"cannot truncate to {n}: the cache holds {self.pos} positions")
+        if n < self.pos and any(self.states):
+            return False
         # a ring has overwritten positions below pos - W; those n - 1 attends to must remain
         for w in self.windows:
             if w is not None and max(0, n - w + 1) < self.pos - w:
@@ -233,16 +295,33 @@ class KVCache:
     def advance(self, t: int) -> None:
         self.pos += t
 
+    def reset(self) -> None:
+        """Empty, for a new sequence: position 0, recurrent states zero (what keys and
+        values the stores hold is never read again)."""
+        self.pos = 0
+        for state in filter(None, self.states):
+            state.clear()
+
     def copy(self) -> KVCache:
         """A second cache holding the same positions (a prompt prefilled once, continued by
-        several sequences): only the slots written so far are copied."""
+        several sequences): only the slots written so far are copied, and the states."""
         new = KVCache(self.config, self.capacity, self.window, self.fmt, self.backend)
         rings = self.rings + self.rings
         for src, dst, ring in zip(self.k + self.v, new.k + new.v, rings, strict=True):
-            src.copy_to(dst, min(self.pos, ring))
+            if src is not None:
+                src.copy_to(dst, min(self.pos, ring))
+        for src, dst in zip(self.states, new.states, strict=True):
+            if src is not None:
+                src.copy_to(dst)
         new.pos = self.pos
         return new
 
+    def state_nbytes(self, layer: int) -> int:
+        """Bytes a step reads of `layer`'s recurrent state, and writes (0 for attention)."""
+        state = self.states[layer]
+        return 0 if state is None else state.nbytes
+
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for s in self.k + self.v for a in s.arrays())
+        stores = [a.nbytes for s in self.k + self.v if s is not None for a in s.arrays()]
+        return sum(stores) + sum(s.nbytes for s in self.states if s is not None)

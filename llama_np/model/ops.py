@@ -50,6 +50,8 @@ def rope_inv_freq(config: Config, kind: str = "global", long: bool = False) -> n
     if scaling.kind == "longrope":  # transformers: 1 / (factor_i * base^(2i/d))
         ext = np.asarray(scaling.long_factor if long else scaling.short_factor, np.float32)
         return np.float32(1.0) / (ext * np.power(np.float32(theta), exponents))
+    if scaling.kind == "yarn":
+        return yarn_inv_freq(inv_freq, scaling, d, theta)
     # llama3: long wavelengths are divided by `factor`, short ones kept, the band between
     # interpolated smoothly (transformers' _compute_llama3_parameters).
     old_ctx = np.float32(scaling.original_max_position_embeddings)
@@ -65,11 +67,33 @@ def rope_inv_freq(config: Config, kind: str = "global", long: bool = False) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def yarn_inv_freq(inv_freq: np.ndarray, s, dim: int, theta: float) -> np.ndarray:
+    """YaRN (transformers' _compute_yarn_parameters; llama.cpp's ramp is the same): the
+    frequencies that turn fewer than beta_slow times in the original context divided by
+    the factor, those that turn more than beta_fast times kept, a linear ramp between."""
+
+    def dim_of(rotations: float) -> float:  # the dim whose frequency turns this often
+        ctx = s.original_max_position_embeddings
+        return dim * math.log(ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = (np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(
+        high - low if high != low else 0.001)  # fmt: skip
+    keep = np.float32(1) - np.clip(ramp, 0, 1)  # 1: the frequency as it is
+    return (inv_freq / np.float32(s.factor) * (np.float32(1) - keep) + inv_freq * keep).astype(
+        np.float32
+    )
+
+
 def rope_scale(config: Config, kind: str) -> float:
-    """What cos and sin are multiplied by: longrope's attention factor on its layers."""
+    """What cos and sin are multiplied by: longrope's and YaRN's attention factor on their
+    layers."""
     r = config.rope_scaling
-    longrope = r is not None and r.kind == "longrope" and kind == "global"
-    return r.attention_factor if longrope else 1.0
+    scaled = r is not None and r.kind in ("longrope", "yarn") and kind == "global"
+    return r.attention_factor if scaled else 1.0
 
 
 class Rotary:
@@ -347,6 +371,30 @@ class NumpyOps:
             positions = np.arange(cache.pos, cache.pos + t)
             mask = causal_mask(positions, view.positions, cache.windows[layer])  # (T, L)
         return attention(q, view.k, view.v, mask, c.attn_scale, c.attn_softcap)
+
+    def recurrent(self, c: Config, h: np.ndarray, states: list, mixer) -> np.ndarray:
+        """A recurrent mixer (a gated delta net, a short convolution) on the rows of its
+        input projection h: T tokens of one sequence (one state), or one token of each of
+        B sequences (a state each). -> (T, the columns of its wo)"""
+        from llama_np.model import recurrent
+
+        mix = recurrent.delta_net if mixer.kind == "delta" else recurrent.short_conv
+        if len(states) == 1:
+            return mix(c, h, states[0], mixer)
+        return np.concatenate([mix(c, h[b : b + 1], s, mixer) for b, s in enumerate(states)])
+
+    def split_gate(self, c: Config, qkv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """qwen3_5's q_proj rows hold each head's q then its gate: (T, 2 q_dim + 2 kv_dim)
+        -> the q, k, v attention takes (T, q_dim + 2 kv_dim), and the gates (T, q_dim)."""
+        t = qkv.shape[0]
+        qg = qkv[:, : 2 * c.q_dim].reshape(t, c.n_heads, 2, c.head_dim)
+        q = qg[:, :, 0].reshape(t, c.q_dim)
+        return np.concatenate([q, qkv[:, 2 * c.q_dim :]], axis=1), qg[:, :, 1].reshape(t, c.q_dim)
+
+    def sigmoid_gate(self, y: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """qwen3_5's gated attention: y * sigmoid(gate), (T, q_dim)."""
+        half = np.float32(0.5)
+        return y * (half + half * np.tanh(gate * half))
 
     def decode_blocks(
         self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,

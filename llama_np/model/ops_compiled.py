@@ -214,7 +214,9 @@ class CompiledOps(NumpyOps):
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            self._blocks = (blocks, Blocks(blocks, c) if Blocks.packable(blocks) else None)
+            # hybrids (recurrent mixers, qwen3_5's gated attention) run call by call
+            one = Blocks.packable(blocks) and not c.recurrent and not c.attn_gate
+            self._blocks = (blocks, Blocks(blocks, c) if one else None)
         return self._blocks[1]
 
     def decode_blocks(
@@ -303,10 +305,14 @@ class CompiledOps(NumpyOps):
     def kv_layout(self, cache: KVCache) -> tuple[tuple, np.ndarray]:
         """A cache's stores' shapes and, per layer, their addresses (once per cache)."""
         got = self._kv.get(cache)
-        if got is None:
+        if got is None:  # (a recurrent layer has no stores: its row stays 0)
             stores = [cache.arrays(i) for i in range(len(cache.k))]
-            shapes = tuple((a.shape, a.dtype.str) for a in stores[0][0] + stores[0][1])
-            at = np.array([[layers.address(a) for a in k + v] for k, v in stores], np.int64)
+            first = next(s for s in stores if s is not None)
+            shapes = tuple((a.shape, a.dtype.str) for a in first[0] + first[1])
+            at = np.zeros((len(stores), len(first[0] + first[1])), np.int64)
+            for i, kv in enumerate(stores):
+                if kv is not None:
+                    at[i] = [layers.address(a) for a in kv[0] + kv[1]]
             got = self._kv[cache] = (shapes, at)
         return got
 

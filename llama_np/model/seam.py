@@ -57,6 +57,17 @@ class Seam:
         self.meter.write("kv_cache", span.write_nbytes)
         return self.ops.attention(self.config, qkv, cache, layer, rot, span, qk)
 
+    def recurrent(self, h: np.ndarray, states: list, mixer) -> np.ndarray:
+        """A recurrent mixer on its input projection's rows (T tokens of one sequence, or
+        one token of each of B sequences): records its own weights, its norm, and each
+        sequence's state read and written whole. (T, in) -> (T, the columns of its wo)"""
+        self.meter.read("attn_weights", nbytes(*mixer.weights()))
+        self.meter.read("norms", nbytes(mixer.norm))
+        for s in states:
+            self.meter.read("state", s.nbytes)
+            self.meter.write("state", s.nbytes)
+        return self.ops.recurrent(self.config, h, states, mixer)
+
     def attention_batch(
         self, qkv: np.ndarray, caches: list[KVCache], layer: int, rots: list[Rotary],
         spans: list[Span], qk: QKNorms,
@@ -208,4 +219,10 @@ class Profiled(Seam):
         t0 = perf_counter()
         out = super().moe(x, norm, experts, post)
         self.meter.lap("mlp_weights", t0)
+        return out
+
+    def recurrent(self, h: np.ndarray, states: list, mixer) -> np.ndarray:
+        t0 = perf_counter()
+        out = super().recurrent(h, states, mixer)
+        self.meter.lap("state", t0)
         return out

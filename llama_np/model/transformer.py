@@ -49,13 +49,47 @@ class Experts:
 
 
 @dataclass
-class Layer:
-    """One decoder block. Matrices that read the same input are stacked by rows, so each
-    is one kernel call: wqkv holds q, k, v; w_gate_up holds gate, up. The vectors a family
-    does not have are None."""
+class DeltaMixer:
+    """A gated delta net (Qwen3.5's linear attention) in place of attention: its input
+    projections stacked into one matrix, the convolution over q, k and v, and the
+    recurrence's own vectors (llama_np.model.recurrent)."""
 
-    wqkv: Matrix  # (n_heads * head_dim + 2 * n_kv_heads * head_dim, dim)
-    wo: Matrix  # (dim, n_heads * head_dim)
+    kind = "delta"  # (Config.mixer)
+    w_in: Matrix  # (conv_dim + value_dim + 2 v_heads, dim): q, k, v | z | b | a
+    conv: np.ndarray  # (conv_dim, kernel): tap kernel - 1 multiplies the newest input
+    dt_bias: np.ndarray  # (v_heads,)
+    a: np.ndarray  # (v_heads,): -exp(A_log), the decay rates
+    norm: np.ndarray  # (v_dim,): the output's RMSNorm, gated by silu(z)
+
+    def weights(self) -> list[np.ndarray]:
+        """The vectors read as the mixer's weights (not norms)."""
+        return [self.conv, self.dt_bias, self.a]
+
+
+@dataclass
+class ConvMixer:
+    """A short convolution (LFM2's conv layers) in place of attention: out_proj(C *
+    conv(B * x)) with B, C, x the rows of one input projection."""
+
+    kind = "conv"  # (Config.mixer)
+    norm = None  # no norm of its own
+    w_in: Matrix  # (3 dim, dim): B, C, x
+    conv: np.ndarray  # (dim, kernel)
+
+    def weights(self) -> list[np.ndarray]:
+        return [self.conv]
+
+
+@dataclass
+class Layer:
+    """One decoder block: a token mixer, then an MLP. Matrices that read the same input
+    are stacked by rows, so each is one kernel call: wqkv holds q, k, v (and qwen3_5's
+    gates, last); w_gate_up holds gate, up. A recurrent mixer (`mixer`) replaces wqkv
+    with its own input projection; every mixer ends in `wo`. The vectors a family does
+    not have are None."""
+
+    wqkv: Matrix | None  # (n_heads * head_dim + 2 * n_kv_heads * head_dim [+ q_dim], dim)
+    wo: Matrix  # (dim, n_heads * head_dim): the mixer's output product
     w_gate_up: Matrix | None  # (2 * hidden_dim, dim); None: experts instead
     w_down: Matrix | None  # (dim, hidden_dim)
     attn_norm: np.ndarray | None = None  # (dim,): before attention (all but olmo2)
@@ -66,18 +100,25 @@ class Layer:
     k_norm: np.ndarray | None = None  # (head_dim,) or (kv_dim,): k before RoPE
     qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
     experts: Experts | None = None  # a mixture of experts' MLP, instead of w_gate_up, w_down
+    mixer: DeltaMixer | ConvMixer | None = None  # a recurrent mixer; None: attention
 
     def matrices(self) -> list[Matrix]:
         """Every matrix of the block."""
+        first = self.wqkv if self.mixer is None else self.mixer.w_in
         if self.experts is not None:
-            return [self.wqkv, self.wo, *self.experts.matrices()]
-        return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
+            return [first, self.wo, *self.experts.matrices()]
+        return [first, self.wo, self.w_gate_up, self.w_down]
 
     def vectors(self) -> list[np.ndarray]:
         """The norm weights it has."""
+        own = None if self.mixer is None else self.mixer.norm  # a delta net's output norm
         norms = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm,
-                 self.q_norm, self.k_norm)  # fmt: skip
+                 self.q_norm, self.k_norm, own)  # fmt: skip
         return [v for v in norms if v is not None]
+
+    def mixer_weights(self) -> list[np.ndarray]:
+        """A recurrent mixer's own float32 weights (its convolution, decay), read each step."""
+        return [] if self.mixer is None else self.mixer.weights()
 
 
 @dataclass
@@ -96,7 +137,9 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        vectors = [self.norm] + [v for l in self.layers for v in [*l.vectors(), l.qkv_bias]]
+        vectors = [self.norm] + [
+            v for l in self.layers for v in [*l.vectors(), *l.mixer_weights(), l.qkv_bias]
+        ]
         return sum(v.nbytes for v in vectors if v is not None) + sum(
             w.nbytes for w in self.matrices()
         )
@@ -213,7 +256,8 @@ class Transformer:
         # a decode step runs every block in one call (x in place) where the backend can
         if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans)):
             x = self._blocks(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
-                                                                  qk))  # fmt: skip
+                                                                  qk),
+                             lambda i: [cache.states[i]])  # fmt: skip
         cache.advance(t)
         logits = self._head(x if all_logits else x[-1:])
         self.meter.end()
@@ -257,21 +301,33 @@ class Transformer:
         reads: Counter[str] = Counter()
         for l in self.weights.layers:
             reads["norms"] += sum(v.nbytes for v in l.vectors())
-            reads[ATTN] += l.wqkv.nbytes + l.wo.nbytes
+            reads[ATTN] += l.matrices()[0].nbytes + l.wo.nbytes
+            reads[ATTN] += sum(v.nbytes for v in l.mixer_weights())
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
             if l.experts is None:  # (experts: recorded per step, by its choices: _experts_read)
                 reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
         return dict(reads)
 
-    def _blocks(self, x: np.ndarray, attend: Callable) -> np.ndarray:
-        """The decoder blocks on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim)."""
-        seam, eps, scale = self.seam, self.config.norm_eps, self.config.residual_scale
+    def _blocks(self, x: np.ndarray, attend: Callable, states: Callable) -> np.ndarray:
+        """The decoder blocks on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim);
+        `states(layer)`: the recurrent states a recurrent layer carries on (one for a
+        prompt, one per row for a batch's step)."""
+        c, seam = self.config, self.seam
+        eps, scale = c.norm_eps, c.residual_scale
         for i, layer in enumerate(self.weights.layers):
-            # (T, q_dim + 2 kv_dim)
-            qkv = seam.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)
-            att = attend(qkv, i, QKNorms(layer.q_norm, layer.k_norm, eps))  # (T, q_dim)
+            if layer.mixer is not None:  # a gated delta net or a short convolution
+                h = seam.norm_linear(x, layer.attn_norm, layer.mixer.w_in, ATTN)  # (T, in)
+                mixed = seam.recurrent(h, states(i), layer.mixer)  # (T, wo's columns)
+            else:  # (T, q_dim + 2 kv_dim)
+                qkv = seam.norm_linear(x, layer.attn_norm, layer.wqkv, ATTN, layer.qkv_bias)
+                gate = None
+                if c.attn_gate:  # qwen3_5: each head's q followed by its gate
+                    qkv, gate = self.ops.split_gate(c, qkv)
+                mixed = attend(qkv, i, QKNorms(layer.q_norm, layer.k_norm, eps))  # (T, q_dim)
+                if gate is not None:
+                    mixed = self.ops.sigmoid_gate(mixed, gate)
             post = Residual(layer.attn_post_norm, eps, scale)
-            x = seam.linear_add(x, layer.wo, att, ATTN, post)
+            x = seam.linear_add(x, layer.wo, mixed, ATTN, post)
             post = Residual(layer.mlp_post_norm, eps, scale)
             if layer.experts is not None:  # each token through the k experts it is routed to
                 x = seam.moe(x, layer.mlp_norm, layer.experts, post)
@@ -303,7 +359,8 @@ class Transformer:
         )
         if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
             x = self._blocks(x, lambda qkv, i, qk: seam.attention_batch(
-                qkv, caches, i, [r[i] for r in rots], [s[i] for s in spans], qk))  # fmt: skip
+                qkv, caches, i, [r[i] for r in rots], [s[i] for s in spans], qk),
+                lambda i: [c.states[i] for c in caches])  # fmt: skip
         for c in caches:
             c.advance(1)
         logits = self._head(x)  # (B, vocab)

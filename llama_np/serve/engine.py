@@ -214,7 +214,7 @@ class Engine:
         cache = self.caches[slot]
         if cache is None:
             cache = self.caches[slot] = self.llm.new_cache(self.ctx, self.window, self.kv)
-        cache.pos = 0
+        cache.reset()
         return cache
 
     def _prefill_chunk(self) -> None:
