@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -41,6 +42,15 @@ VERSION = "0.3.36"
 VOCAB = 320
 SEED = 0
 
+# (the hybrids' weights at 0.1, as tests/helpers' models: at 0.2 their recurrence over 40
+# tokens amplified float32 rounding until transformers' own float32 logits were 8e-5 from its
+# float64 ones, and two float32 summation orders 2e-4 apart)
+QWEN3_5 = dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+               initializer_range=0.1,
+               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               linear_value_head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6,
+               layer_types=["linear_attention", "full_attention", "linear_attention",
+                            "linear_attention"])  # fmt: skip
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
               num_key_value_heads=1, max_position_embeddings=256, rms_norm_eps=1e-6,
               initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=None,
@@ -85,8 +95,27 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=40, num_local_experts=4,
         num_experts_per_tok=1, embedding_multiplier=6.0, attention_multiplier=0.04,
         residual_multiplier=0.3, logits_scaling=4.0)),
+    # the hybrids (transformers 5): Qwen3.5's gated delta net (value heads twice the key
+    # heads, as llama.cpp wants k_dim = v_dim and head_dim >= 32) converted --no-mtp, and
+    # the same with a multi-token-prediction layer the model must skip; LFM2's short
+    # convolutions; OLMo 3's sliding layers with YaRN on the full ones
+    "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", QWEN3_5),
+    "qwen3_5-mtp": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", QWEN3_5),
+    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", dict(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, norm_eps=1e-5,
+        initializer_range=0.1,
+        layer_types=["conv", "full_attention", "conv", "full_attention"], block_ff_dim=72,
+        block_multiple_of=16, rope_theta=1e6, tie_word_embeddings=True)),
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(
+        num_hidden_layers=4, num_key_value_heads=2, rms_norm_eps=1e-6, sliding_window=8,
+        initializer_range=0.1, rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 5e5,
+                                            "factor": 8.0, "original_max_position_embeddings": 32,
+                                            "attention_factor": 1 + 0.1 * math.log(8.0)},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}})),
 }  # fmt: skip
-BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe")  # the converter reads only a byte-level BPE
+MTP = ("qwen3_5-mtp",)  # converted with its multi-token-prediction layer (the others --no-mtp)
+# the converter reads only a byte-level BPE
+BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5", "qwen3_5-mtp", "lfm2", "olmo3")
 # files llama.cpp's quantizer makes from the converter's (tests/fixtures/quantized/NAME.gguf):
 # name: (family, the config's fields over the family's, llama-quantize's type); rows of 256
 QUANTIZED: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -155,13 +184,40 @@ def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> Non
     model = getattr(transformers, cls_name)(cfg).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n or "bias" in n:
+            if "norm" in n or "bias" in n or n.endswith("A_log"):
                 p.add_(0.2 * torch.randn_like(p))
     model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    if family in MTP:
+        add_mtp(directory)
     if family in BYTE_BPE:
         byte_bpe(directory)
     else:
         shutil.copy(sp_model, directory / "tokenizer.model")
+
+
+def add_mtp(directory: Path) -> None:
+    """A Qwen3.5 checkpoint as published, with a multi-token-prediction layer (`mtp.*`,
+    which transformers does not load): an attention layer's tensors under mtp.layers.0,
+    the projection from embedding and hidden state, its norms; random bfloat16 values."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    cfg = json.loads((directory / "config.json").read_text())
+    full = cfg["layer_types"].index("full_attention")
+    g = torch.Generator().manual_seed(SEED)
+    for name, t in list(tensors.items()):
+        if name.startswith(f"model.layers.{full}."):
+            at = name.replace(f"model.layers.{full}.", "mtp.layers.0.")
+            tensors[at] = (torch.randn(t.shape, generator=g) * 0.1).to(t.dtype)
+    h = cfg["hidden_size"]
+    tensors["mtp.fc.weight"] = (torch.randn(h, 2 * h, generator=g) * 0.1).to(torch.bfloat16)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = torch.zeros(h, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg["mtp_num_hidden_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 # llama.cpp's converter, its pre-tokenizer check replaced (OLMo 2's tiny tokenizer: the module
@@ -178,6 +234,8 @@ conv.main()
 
 def convert(family: str, directory: Path, out: Path, script: Path) -> None:
     args = [str(directory), "--outfile", str(out), "--outtype", "bf16"]
+    if family.startswith("qwen3_5") and family not in MTP:
+        args.append("--no-mtp")
     if family in BYTE_BPE:
         cmd = [sys.executable, "-c", PATCHED, str(script.parent), *args]
     else:

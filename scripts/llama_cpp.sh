@@ -5,7 +5,9 @@
 #   environment;
 # - llama.cpp's own C++ server, llama-server (continuous batching: the serve section's peer,
 #   scripts/peers_serve.py), from the same source's vendor/llama.cpp, into $VENV/bin, and
-#   its quantizer, llama-quantize (scripts/families.py: Q4_K_M files), left in the build.
+#   its quantizer, llama-quantize (scripts/families.py: Q4_K_M files), left in the build;
+# - its benchmark tools, llama-bench (one sequence: pp512 / tg128) and llama-batched-bench
+#   (batches), into $VENV/bin: the fair peers (the binding adds ~0.6 ms a token).
 # Without AMX: its tile path crashes inside llama-cpp-python on the Xeons seen here, so the
 # flags leave it out (the weight repacking of the AVX-512 and AVX2 paths stays on); a generic
 # wheel is about 2x slower on q8_0 and Q4_1, an unfair peer. Each is skipped when already
@@ -47,16 +49,19 @@ fi
 SERVER_STAMP="$VENV/llama-server.cpu"
 BUILD="$SRC/build-server"
 if [ ! -x "$VENV/bin/llama-server" ] || [ ! -x "$BUILD/bin/llama-quantize" ] \
+    || [ ! -x "$VENV/bin/llama-bench" ] || [ ! -x "$VENV/bin/llama-batched-bench" ] \
     || [ "$(cat "$SERVER_STAMP" 2>/dev/null)" != "$VERSION $CPU $FLAGS" ]; then
-    echo "llama_cpp.sh: building llama-server and llama-quantize (llama.cpp of llama-cpp-python $VERSION) for this CPU; several minutes" >&2
+    echo "llama_cpp.sh: building llama-server, llama-quantize, llama-bench and llama-batched-bench (llama.cpp of llama-cpp-python $VERSION) for this CPU; several minutes" >&2
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" > "$BUILD.log" 2>&1 \
         || { tail -20 "$BUILD.log" >&2; exit 1; }
-    cmake --build "$BUILD" --target llama-server llama-quantize -j "$(nproc)" >> "$BUILD.log" 2>&1 \
-        || { tail -20 "$BUILD.log" >&2; exit 1; }
-    cp "$BUILD/bin/llama-server" "$VENV/bin/llama-server.tmp"
-    mv "$VENV/bin/llama-server.tmp" "$VENV/bin/llama-server"
+    cmake --build "$BUILD" --target llama-server llama-quantize llama-bench llama-batched-bench \
+        -j "$(nproc)" >> "$BUILD.log" 2>&1 || { tail -20 "$BUILD.log" >&2; exit 1; }
+    for tool in llama-server llama-bench llama-batched-bench; do
+        cp "$BUILD/bin/$tool" "$VENV/bin/$tool.tmp"
+        mv "$VENV/bin/$tool.tmp" "$VENV/bin/$tool"
+    done
     echo "$VERSION $CPU $FLAGS" > "$SERVER_STAMP"
 fi

@@ -32,7 +32,7 @@ from llama_np.io.gguf_config import (
 )
 from llama_np.io.gguf_vocab import tokenizer_from_gguf
 from llama_np.io.tokenizer import HFTokenizer
-from llama_np.model.build import Tensor, layer_tensor_names
+from llama_np.model.build import Tensor, final_norm_name, layer_tensor_names
 from quant import GGML_TYPES, QuantError
 from quant.backends import Backend
 
@@ -163,7 +163,7 @@ def _open(path: Path) -> GGUFReader:
 def check_present(c: Config, names: set[str], path: Path) -> None:
     """Every tensor the model needs is in the file, or one line naming the first missing
     one by the file's own name, before any weight is read."""
-    needed = ["token_embd.weight", "output_norm.weight"]
+    needed = ["token_embd.weight", gguf_name(final_norm_name(c), c)]
     if not c.tie_embeddings:
         needed.append("output.weight")
     for i in range(c.n_layers):

@@ -13,6 +13,7 @@ context size; transformers by the positions seen).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -22,8 +23,9 @@ from llama_arch import Config, config_from_hf
 from llama_np.errors import LlamaNpError, UsageError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-                 "granite", "qwen3moe", "olmoe", "granitemoe")  # fmt: skip
-MODEL_TYPES = {"qwen3moe": "qwen3_moe"}  # a GGUF architecture's config.json model_type
+                 "granite", "qwen3moe", "olmoe", "granitemoe", "qwen35", "lfm2")  # fmt: skip
+# a GGUF architecture's config.json model_type (olmo2 with sliding layers: olmo3)
+MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5"}
 # (llama with experts: mixtral)
 # llama.cpp's rope type NORM: its converter permutes Q and K rows for adjacent-pair RoPE,
 # which the loader undoes (this engine turns halves)
@@ -53,30 +55,62 @@ FAMILY_TENSORS = {  # ... and where a family's names differ
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm", **AFTER},
     "olmo2": AFTER,
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused
-}
+    "qwen35": {  # the norm before the MLP, and the gated delta net's tensors
+        "post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
+        "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b",
+        "ssm_alpha": "linear_attn.in_proj_a", "ssm_conv1d": "linear_attn.conv1d",
+        "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"},
+    "lfm2": {
+        "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "ffn_gate": "feed_forward.w1",
+        "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+        "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+        "attn_k_norm": "self_attn.k_layernorm", "shortconv.in_proj": "conv.in_proj",
+        "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"},
+}  # fmt: skip
+# tensors named outside the pattern blk.N.NAME.weight: (GGUF's, Hugging Face's) after blk.N.
+ODD_TENSORS = {"qwen35": {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"}}
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+LFM2_GLOBAL = {"token_embd_norm.weight": "model.embedding_norm.weight"}  # its final norm
+
+
+# a family's GGUF architecture, where its model_type differs
+GGUF_ARCH = {"qwen3_5": "qwen35", "olmo3": "olmo2", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 
 
 def layer_names(arch: str) -> dict[str, str]:
-    """A family's GGUF layer tensor -> Hugging Face name (one each way)."""
+    """A family's GGUF layer tensor -> Hugging Face name (one each way), by its GGUF
+    architecture."""
     names = LAYER_TENSORS | FAMILY_TENSORS.get(arch, {})
-    if arch == "olmo2":  # no norm before the MLP: HF's post_attention_layernorm is after
+    if arch in ("olmo2", "qwen35"):  # HF's post_attention_layernorm: after, or before the MLP
         del names["ffn_norm"]
     return names
 
 
+def global_tensors(arch: str) -> dict[str, str]:
+    return LFM2_GLOBAL | GLOBAL_TENSORS if arch == "lfm2" else GLOBAL_TENSORS
+
+
 def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
     """HF name of a GGUF tensor, and the head count to un-permute its rows by (Q and K of
-    the NORM-rope families); (None, None) for a tensor the model does not use."""
-    if name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[name], None
+    the NORM-rope families); (None, None) for a tensor the model does not use (a Qwen3.5
+    file's multi-token-prediction layer, past n_layers, among them)."""
+    arch = GGUF_ARCH.get(c.arch, c.arch)
+    if name in global_tensors(arch):
+        return global_tensors(arch)[name], None
     parts = name.split(".")
-    names = layer_names(c.arch)
-    layer = len(parts) == 4 and parts[0] == "blk" and parts[3] in ("weight", "bias")
+    if len(parts) < 3 or parts[0] != "blk" or not parts[1].isdigit() or int(parts[1]) >= c.n_layers:
+        return None, None
+    odd = ODD_TENSORS.get(arch, {}).get(".".join(parts[2:]))
+    if odd is not None:
+        return f"model.layers.{parts[1]}.{odd}", None
+    names = layer_names(arch)
+    if len(parts) == 5 and parts[2] == "shortconv":  # lfm2's blk.N.shortconv.NAME.weight
+        parts = [*parts[:2], f"shortconv.{parts[3]}", parts[4]]
+    layer = len(parts) == 4 and parts[3] in ("weight", "bias")
     if layer and parts[2] in names:
         heads = None
         if c.arch in PERMUTED:
@@ -96,15 +130,19 @@ def expert_tensor(name: str) -> tuple[str, str] | None:
 
 def gguf_name(hf: str, c: Config) -> str:
     """The GGUF name of a tensor the model needs, by its HF name (for messages)."""
-    reverse = {v: k for k, v in GLOBAL_TENSORS.items()}
+    arch = GGUF_ARCH.get(c.arch, c.arch)
+    reverse = {v: k for k, v in global_tensors(arch).items()}
     if hf in reverse:
         return reverse[hf]
     _, _, i, *rest = hf.split(".")
     if rest[:2] == ["mlp", "experts"]:  # an expert: the layer's stacked tensor
         stacked = {v: k for k, v in EXPERTS.items()}[rest[3]]
         return f"blk.{i}.{stacked}.weight"
+    odd = {v: k for k, v in ODD_TENSORS.get(arch, {}).items()}.get(".".join(rest))
+    if odd is not None:
+        return f"blk.{i}.{odd}"
     stem, kind = ".".join(rest[:-1]), rest[-1]
-    ours = {v: k for k, v in layer_names(c.arch).items()}
+    ours = {v: k for k, v in layer_names(arch).items()}
     return f"blk.{i}.{ours.get(stem, stem)}.{kind}"
 
 
@@ -168,7 +206,7 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
         "hidden_size": dim,
         "num_hidden_layers": meta.get(a + "block_count", int),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": meta.get(a + "attention.head_count_kv", int, n_heads),
+        "num_key_value_heads": _scalar(meta, a + "attention.head_count_kv", n_heads),
         "head_dim": head_dim,
         "intermediate_size": meta.get(a + "feed_forward_length", int),
         "vocab_size": meta.get(a + "vocab_size", int, n_vocab),
@@ -195,8 +233,17 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     return c
 
 
+def _scalar(meta: Metadata, key: str, default: int) -> int:
+    """An int key that a family may write per layer (lfm2's head_count_kv): its largest."""
+    field = meta.fields.get(key)
+    if field is not None and len(field.types) > 1:  # an array
+        return max(meta.get(key, list)) or default
+    return meta.get(key, int, default)
+
+
 def _rope(meta: Metadata, a: str, head_dim: int) -> dict[str, Any]:
-    """Partial rotary and linear scaling (the rest is a family's)."""
+    """Partial rotary, linear scaling and YaRN as llama.cpp applies it (cos and sin times
+    1 + 0.1 ln(factor), times rope.scaling.attn_factor; the rest is a family's)."""
     out: dict[str, Any] = {}
     rot = meta.get(a + "rope.dimension_count", int, head_dim)
     if rot != head_dim:
@@ -205,6 +252,16 @@ def _rope(meta: Metadata, a: str, head_dim: int) -> dict[str, Any]:
     if scaling == "linear":
         out["rope_scaling"] = {"rope_type": "linear",
                                "factor": meta.get(a + "rope.scaling.factor", float)}  # fmt: skip
+    elif scaling == "yarn":
+        factor = meta.get(a + "rope.scaling.factor", float)
+        attention = (1 + 0.1 * math.log(factor)) if factor > 1 else 1.0
+        out["rope_scaling"] = {
+            "rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": meta.get(
+                a + "rope.scaling.original_context_length", int),
+            "attention_factor": attention * meta.get(a + "rope.scaling.attn_factor", float, 1.0),
+            "beta_fast": meta.get(a + "rope.scaling.yarn_beta_fast", float, 32.0),
+            "beta_slow": meta.get(a + "rope.scaling.yarn_beta_slow", float, 1.0)}  # fmt: skip
     elif scaling != "none":
         raise LlamaNpError(f"{meta.path}: unsupported RoPE scaling {scaling!r}")
     return out
@@ -279,12 +336,60 @@ def _qwen3(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
 
 
 def _olmo2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
-    if hf["sliding_window"]:  # OLMo 3, which the converter writes as olmo2
-        raise UsageError(f"{meta.path}: OLMo 3's sliding-window layers are not supported "
-                         f"(supported: {', '.join(ARCHITECTURES)})")  # fmt: skip
-    return {}
+    """OLMo 2; or OLMo 3, which the converter writes as olmo2 with a window and a bool per
+    layer (attention.sliding_window_pattern, else three sliding layers in four). llama.cpp
+    turns the sliding layers by the one rope_theta, unscaled (rope.freq_base_swa is read,
+    not used), the full ones with YaRN where the file says."""
+    if not hf["sliding_window"]:
+        return {}
+    n = hf["num_hidden_layers"]
+    pattern = meta.get(a + "attention.sliding_window_pattern", list, None)
+    if pattern is None:
+        pattern = [bool((i + 1) % 4) for i in range(n)]
+    if len(pattern) != n:
+        raise LlamaNpError(f"{meta.path}: {a}attention.sliding_window_pattern names "
+                           f"{len(pattern)} layers of {n}")  # fmt: skip
+    types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    return {"model_type": "olmo3", "layer_types": types,
+            "rope_parameters": {"sliding_attention": {"rope_theta": hf["rope_theta"]}}}  # fmt: skip
+
+
+def _qwen35(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """Qwen3.5 as llama.cpp reads it (src/models/qwen35.cpp): block_count counts the
+    multi-token-prediction layer (nextn_predict_layers), which the model skips; the delta
+    net's shape from ssm.*; its layers from attention.recurrent_layers, else every fourth
+    attends; its value heads in the converter's tiled order."""
+    n = hf["num_hidden_layers"] - meta.get(a + "nextn_predict_layers", int, 0)
+    recurrent = meta.get(a + "attention.recurrent_layers", list, None)
+    if recurrent is None:
+        every = meta.get(a + "full_attention_interval", int, 4)
+        recurrent = [(i + 1) % every != 0 for i in range(n)]
+    if len(recurrent) < n:
+        raise LlamaNpError(f"{meta.path}: {a}attention.recurrent_layers names "
+                           f"{len(recurrent)} layers of {n}")  # fmt: skip
+    v_heads = meta.get(a + "ssm.time_step_rank", int)
+    return {"num_hidden_layers": n, "layer_types": [
+                "linear_attention" if r else "full_attention" for r in recurrent[:n]],
+            "linear_conv_kernel_dim": meta.get(a + "ssm.conv_kernel", int),
+            "linear_key_head_dim": meta.get(a + "ssm.state_size", int),
+            "linear_num_key_heads": meta.get(a + "ssm.group_count", int),
+            "linear_num_value_heads": v_heads,
+            "linear_value_head_dim": meta.get(a + "ssm.inner_size", int) // max(v_heads, 1),
+            "linear_value_heads_tiled": True}  # fmt: skip
+
+
+def _lfm2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """LFM2 as llama.cpp reads it (src/models/lfm2.cpp): a short convolution where the
+    per-layer head_count_kv is 0; the MLP's width as the converter adjusted it."""
+    kv = meta.get(a + "attention.head_count_kv", list)
+    if len(kv) != hf["num_hidden_layers"] or not any(kv):
+        raise LlamaNpError(f"{meta.path}: {a}attention.head_count_kv must give each of the "
+                           f"{hf['num_hidden_layers']} layers, some attending")  # fmt: skip
+    return {"num_key_value_heads": max(kv), "conv_L_cache": meta.get(a + "shortconv.l_cache", int),
+            "layer_types": ["full_attention" if k else "conv" for k in kv],
+            "block_auto_adjust_ff_dim": False, "norm_eps": hf["rms_norm_eps"]}  # fmt: skip
 
 
 FAMILIES = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
             "granitemoe": _granite, "smollm3": _smollm3, "qwen3": _qwen3, "qwen3moe": _qwen3,
-            "olmo2": _olmo2}  # fmt: skip
+            "olmo2": _olmo2, "qwen35": _qwen35, "lfm2": _lfm2}  # fmt: skip

@@ -20,8 +20,9 @@ SEQ, TOL = 40, 1e-4
 
 
 def test_every_family_has_a_fixture():
-    assert FAMILIES == ["gemma2", "gemma3", "granite", "granitemoe", "mixtral", "olmo2",
-                        "olmoe", "phi3", "qwen3", "qwen3_moe", "smollm3"]  # fmt: skip
+    assert FAMILIES == ["gemma2", "gemma3", "granite", "granitemoe", "lfm2", "mixtral", "olmo2",
+                        "olmo3", "olmoe", "phi3", "qwen3", "qwen3_5", "qwen3_5-mtp", "qwen3_moe",
+                        "smollm3"]  # fmt: skip
 
 
 MOE = ["granitemoe", "mixtral", "olmoe", "qwen3_moe"]
@@ -69,7 +70,7 @@ def test_the_gguf_gives_transformers_logits(family, kernels):
     theirs = hf_logits(ref, seq)
     for path in (d / f"{name}.gguf", d):  # llama.cpp's file, and the checkpoint itself
         with llama_np.load(path, kernels=kernels) as llm:
-            assert llm.config.arch == name
+            assert llm.config.arch == name.removesuffix("-mtp")
             np.testing.assert_allclose(llm.logits(seq), theirs, atol=TOL, rtol=0, err_msg=str(path))
             cache = llm.new_cache(SEQ)
             steps = np.stack([llm.step(t, cache) for t in seq])
@@ -92,6 +93,8 @@ def test_greedy_tokens_identical(family):
 
 def test_the_metadata_reads_as_llama_cpp_reads_it():
     """What each file says, or leaves to llama.cpp's defaults, in the Config."""
+    from dataclasses import replace
+
     c = {f: llama_np.load(FIXTURES / f / f"{f}.gguf", kernels="numpy").config for f in FAMILIES}
     assert (c["qwen3"].qk_norm, c["qwen3"].head_dim) == ("head", 24)
     assert c["gemma2"].sliding_layers == (True, False, True)  # llama.cpp's pattern of 2
@@ -113,6 +116,24 @@ def test_the_metadata_reads_as_llama_cpp_reads_it():
                    "olmoe": (7, 3, False, 24), "granitemoe": (4, 1, True, 40)}  # fmt: skip
     assert (c["olmoe"].qk_norm, c["qwen3_moe"].qk_norm) == ("all", "head")
     assert c["granitemoe"].logits_scaling == 4.0
+    q = c["qwen3_5"]  # the converter's value heads tiled; every fourth layer... as listed
+    assert q.layer_types == ("delta", "attention", "delta", "delta")
+    assert (q.delta.k_heads, q.delta.v_heads, q.delta.k_dim, q.delta.tiled) == (2, 4, 16, True)
+    assert (q.rotary_dim, q.attn_gate, q.n_layers) == (8, True, 4)
+    assert c["qwen3_5-mtp"] == replace(q, name="qwen3_5-mtp.gguf")  # its MTP layer skipped
+    lf = c["lfm2"]  # the MLP's width as adjusted (2/3 of 72, to a multiple of 16: 48)
+    assert (lf.layer_types, lf.conv_kernel, lf.hidden_dim) == (
+        ("conv", "attention", "conv", "attention"),
+        3,
+        48,
+    )
+    o3 = c["olmo3"]  # llama.cpp: the sliding layers by rope_theta, the full ones by YaRN
+    assert o3.arch == "olmo3" and o3.sliding_layers == (True, True, True, False)
+    assert (o3.rope_scaling.kind, o3.rope_scaling.factor, o3.rope_local_theta) == (
+        "yarn",
+        8.0,
+        o3.rope_theta,
+    )
 
 
 def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
@@ -148,8 +169,8 @@ def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
 @pytest.mark.parametrize(
     ("arch", "keys", "says"),
     [
-        ("lfm2", {}, "unsupported GGUF architecture 'lfm2'"),
         ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
+        ("nemotron_h", {}, "unsupported GGUF architecture 'nemotron_h'"),
         ("qwen2", {"expert_count": 8}, "a mixture of experts (qwen2.expert_count = 8)"),
         ("qwen2moe", {}, "unsupported GGUF architecture 'qwen2moe'"),
     ],
