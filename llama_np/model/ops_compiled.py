@@ -20,7 +20,7 @@ from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
 from quant import Matrix
-from quant.compiled import attention, fewblocks, kinds, layers, ops, team
+from quant.compiled import attention, fewblocks, kinds, layers, ops, recurrent, team
 from quant.compiled.experts import experts_batch
 from quant.compiled.fewdot import FEW
 from quant.compiled.weights import CompiledMatrix, f32_stack_into
@@ -209,6 +209,7 @@ class CompiledOps(NumpyOps):
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
         # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, moe
         self.last_step: tuple[np.ndarray, int, bool] | None = None
+        self._heads: np.ndarray | None = None  # a delta net's key head of each value head
 
     def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
@@ -357,6 +358,31 @@ class CompiledOps(NumpyOps):
     def rotary(self, positions: np.ndarray, inv_freq: np.ndarray, head_dim: int,
                scale: float = 1.0) -> Rotary:  # fmt: skip
         return Rotary(positions, inv_freq, head_dim, scale, matrix=False)
+
+    def recurrent(self, c: Config, h: np.ndarray, states: list, mixer) -> np.ndarray:
+        """A recurrent mixer in compiled calls (quant.compiled.recurrent): T tokens of one
+        sequence in one call, a batch's sequences a call each."""
+        width = c.delta.value_dim if mixer.kind == "delta" else c.dim
+        out = np.empty((h.shape[0], width), np.float32)
+        rows = [h] if len(states) == 1 else [h[b : b + 1] for b in range(len(states))]
+        for b, (x, state) in enumerate(zip(rows, states, strict=True)):
+            x = np.ascontiguousarray(x)
+            y = out if len(states) == 1 else out[b : b + 1]
+            if mixer.kind == "conv":
+                recurrent.short_conv(x, state.conv, mixer.conv, y)
+                continue
+            d = c.delta
+            recurrent.delta_net(x, state.conv, state.s, mixer.conv, mixer.dt_bias, mixer.a,
+                                mixer.norm, c.norm_eps, self.key_heads(c), d.k_heads, d.k_dim,
+                                y)  # fmt: skip
+        return out
+
+    def key_heads(self, c: Config) -> np.ndarray:
+        """The key head each of a delta net's value heads reads (DeltaNet.key_head)."""
+        if self._heads is None:
+            self._heads = np.array([c.delta.key_head(j) for j in range(c.delta.v_heads)],
+                                   np.int64)  # fmt: skip
+        return self._heads
 
     # Several tokens (a batch's decode step, a prompt): each row's prologue as decode runs
     # it, then one product of all the rows (batch_product), the residual added in place.

@@ -9,6 +9,7 @@ from llama_arch import Config, load_config
 from llama_np.model.build import (
     Tensor,
     build_weights,
+    final_norm_name,
     layer_shapes,
     layer_tensor_names,
     role_shape,
@@ -37,22 +38,24 @@ def random_model(
     c = config
     backend = backend or numpy_backend()
     cls, rng = backend.weight_class(fmt or "f32"), np.random.default_rng(seed)
-    shapes = layer_shapes(c)
     tensors: dict[str, Tensor] = {}
     for i in range(c.n_layers):
+        shapes = layer_shapes(c, i)
         for role, name in layer_tensor_names(i, c).items():
             shape = role_shape(shapes, role)
             if role == "router":  # float32, as llama.cpp keeps it
                 tensors[name] = backend.weight_class("f32").random(shape, rng)
             elif len(shape) == 2:
                 tensors[name] = cls.random(shape, rng)
-            elif role.startswith("b"):
+            elif role.startswith("b") or role in ("conv", "dt_bias"):
                 tensors[name] = rng.standard_normal(shape, np.float32) * np.float32(0.1)
+            elif role == "a":  # a delta net's decay rates, -exp(A_log): negative
+                tensors[name] = -rng.uniform(0.05, 2.0, shape).astype(np.float32)
             else:
                 tensors[name] = np.ones(shape, np.float32)
     table = backend.weight_class(head or fmt or "f32")
     tensors["model.embed_tokens.weight"] = table.random((c.vocab_size, c.dim), rng)
     if not c.tie_embeddings:
         tensors["lm_head.weight"] = table.random((c.vocab_size, c.dim), rng)
-    tensors["model.norm.weight"] = np.ones(c.dim, np.float32)
+    tensors[final_norm_name(c)] = np.ones(c.dim, np.float32)
     return Transformer(c, build_weights(c, tensors, backend=backend), backend)

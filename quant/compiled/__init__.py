@@ -10,12 +10,13 @@ from __future__ import annotations
 from .jit import kernel_cache, set_threads, threading_layer
 
 with kernel_cache():  # the kernels below are compiled into the project's cache
-    from . import fewblocks
+    from . import fewblocks, recurrent
     from .weights import FORMATS
 
 from .simd import DOT_INSTRUCTION
 
-__all__ = ["DOT_INSTRUCTION", "FORMATS", "fewblocks", "set_threads", "threading_layer"]
+__all__ = ["DOT_INSTRUCTION", "FORMATS", "fewblocks", "recurrent", "set_threads",
+           "threading_layer"]  # fmt: skip
 
 
 def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32", progress=None) -> None:

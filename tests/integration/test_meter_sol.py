@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.sol import estimate
-from llama_arch import Config
+from llama_arch import Config, DeltaNet
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
 
@@ -29,6 +29,16 @@ SHAPES = {
     "moe_like": Config("mixtral", 64, 2, 4, 2, 32, 96, 100, n_experts=5, experts_per_token=2),
     "qwen3_moe_like": Config("qwen3_moe", 64, 2, 4, 1, 32, 96, 100, qk_norm="head",
                              n_experts=9, experts_per_token=3, norm_topk=False),
+    # hybrids: a gated delta net's matrices, vectors and state beside gated attention (KV on
+    # that layer only); short convolutions; OLMo 3's sliding layers
+    "qwen3_5_like": Config("qwen3_5", 64, 4, 4, 2, 32, 96, 100, qk_norm="head", attn_gate=True,
+                           rotary_dim=8, layer_types=("delta", "attention", "delta", "delta"),
+                           delta=DeltaNet(2, 4, 16, 16, 4)),
+    "lfm2_like": Config("lfm2", 64, 4, 2, 2, 32, 96, 100, tie_embeddings=True, qk_norm="head",
+                        layer_types=("conv", "attention", "conv", "attention"), conv_kernel=3),
+    "olmo3_like": Config("olmo3", 64, 4, 2, 1, 32, 96, 100, qk_norm="all", pre_norm=False,
+                         post_norm=True, sliding_window=8, sliding_layers=(True, True, True, False),
+                         rope_local_theta=1e4),
 }  # fmt: skip
 WEIGHTS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
@@ -58,6 +68,7 @@ def test_meter_equals_speed_of_light_bytes(name, fmt, kv, kernels):
                        experts=used)  # fmt: skip
         assert step.reads == est.reads, f"position {pos}"
         assert step.writes["kv_cache"] == est.kv_write_bytes
+        assert step.writes["state"] == est.state_write_bytes
 
 
 def test_a_forced_window_counts_the_window():

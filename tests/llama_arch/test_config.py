@@ -67,7 +67,7 @@ def test_eos_list_and_tied_embeddings():
         ({"num_hidden_layers": "2"}, "'num_hidden_layers' must be an integer"),
         ({"vocab_size": 10**12}, "'vocab_size' = 1000000000000 is out of range"),
         ({"num_key_value_heads": 3}, "not a multiple"),
-        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope type 'dynamic'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
         ({"hidden_act": "gelu"}, "unsupported hidden_act"),
         ({"sliding_window": 0}, "sliding_window"),
         ({"rms_norm_eps": -1}, "rms_norm_eps"),

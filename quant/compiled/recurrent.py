@@ -1,0 +1,148 @@
+"""The recurrent token mixers of the hybrid models, compiled: Qwen3.5's gated delta net
+and LFM2's short convolution, T tokens of one sequence per call (a decode step is T = 1,
+a prompt any T), the sequence's state updated in place. The NumPy reference and the math
+are llama_np/model/recurrent.py; these read and write the same float32 state.
+
+A delta net's token reads and writes its state whole: per value head a (k_dim, v_dim)
+matrix, 64 KiB at Qwen3.5's 128 x 128. Each head is one parallel item, walking its tokens
+in order; its state is read once for S^T k and once more, from L2, for the update and
+S^T q, written once: the loops run along v_dim, contiguous, and vectorize. The
+convolutions walk blocks of channels (contiguous, vectorized), each block its tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .jit import kernel
+from .ops import exp_neg, sigmoid
+from .simd.scalar import recip
+
+BLOCK = 64  # channels a convolution's parallel item takes
+
+
+@kernel(inline=True)
+def softplus(x):
+    """log(1 + exp(x)): x past 20 (torch's threshold), else from exp(-|x|)."""
+    if x > np.float32(20):
+        return x
+    return max(x, np.float32(0)) + np.log1p(exp_neg(-abs(x)))
+
+
+@kernel(parallel=True)
+def delta_conv(h, state, w, out):
+    """The causal depthwise convolution of a delta net over q, k and v, then SiLU:
+    h (T, >= C) the input projection's rows, whose first C columns it convolves; state
+    (K - 1, C) updated to the last K - 1 inputs; w (C, K); out (T, C)."""
+    t_n, c_n, k = h.shape[0], w.shape[0], w.shape[1]
+    for b in prange((c_n + BLOCK - 1) // BLOCK):
+        c0, c1 = b * BLOCK, min(c_n, (b + 1) * BLOCK)
+        for t in range(t_n):
+            for c in range(c0, c1):
+                acc = np.float32(0)
+                for j in range(k):
+                    i = t + j - (k - 1)
+                    acc += w[c, j] * (h[i, c] if i >= 0 else state[i + k - 1, c])
+                out[t, c] = acc * sigmoid(acc)
+        for j in range(k - 1):  # the new state, ascending: row j reads an older row j + T
+            i = t_n + j - (k - 1)
+            for c in range(c0, c1):
+                state[j, c] = h[i, c] if i >= 0 else state[i + k - 1, c]
+
+
+@kernel(parallel=True)
+def l2_heads(qkv, k_heads, k_dim, scale):
+    """Each token's q and k heads (the first 2 k_heads * k_dim columns of qkv (T, ...))
+    L2-normed in place, x / sqrt(sum(x^2) + 1e-6) (transformers' l2norm), q times scale."""
+    for t in prange(qkv.shape[0]):
+        for head in range(2 * k_heads):
+            x = qkv[t, head * k_dim : (head + 1) * k_dim]
+            s = np.float32(0)
+            for i in range(k_dim):
+                s += x[i] * x[i]
+            f = recip(np.sqrt(s + np.float32(1e-6)))
+            if head < k_heads:
+                f *= scale
+            for i in range(k_dim):
+                x[i] *= f
+
+
+@kernel(parallel=True)
+def delta_rule(h, qkv, s, dt_bias, a, norm, eps, heads, k_heads, k_dim, out):
+    """The gated delta rule over T tokens and the gated RMSNorm of its output, a value
+    head per parallel item. h (T, in_dim): the projection's rows (its z, b and a columns
+    after the conv_dim convolved ones); qkv (T, conv_dim): q, k (L2-normed, q scaled) and
+    v; s (Hv, Dk, Dv) in place; heads (Hv,): the key head of each value head; out (T,
+    Hv * Dv)."""
+    t_n, v_heads, v_dim = h.shape[0], s.shape[0], s.shape[2]
+    conv_dim = qkv.shape[1]
+    key_dim = k_heads * k_dim
+    value_dim = v_heads * v_dim
+    for hv in prange(v_heads):
+        kh = heads[hv]
+        mem = np.empty(v_dim, np.float32)
+        o = np.empty(v_dim, np.float32)
+        for t in range(t_n):
+            g = a[hv] * softplus(h[t, conv_dim + value_dim + v_heads + hv] + dt_bias[hv])
+            decay = np.exp(g)
+            beta = sigmoid(h[t, conv_dim + value_dim + hv])
+            q0, k0, v0 = kh * k_dim, key_dim + kh * k_dim, 2 * key_dim + hv * v_dim
+            mem[:] = 0
+            for i in range(k_dim):
+                ki = qkv[t, k0 + i]
+                for j in range(v_dim):
+                    mem[j] += s[hv, i, j] * ki
+            for j in range(v_dim):  # the error the decayed state makes, times beta
+                mem[j] = (qkv[t, v0 + j] - decay * mem[j]) * beta
+            o[:] = 0
+            for i in range(k_dim):
+                ki, qi = qkv[t, k0 + i], qkv[t, q0 + i]
+                for j in range(v_dim):
+                    x = s[hv, i, j] * decay + ki * mem[j]
+                    s[hv, i, j] = x
+                    o[j] += x * qi
+            gated_norm(o, norm, eps, h[t, conv_dim + hv * v_dim : conv_dim + (hv + 1) * v_dim],
+                       out[t, hv * v_dim : (hv + 1) * v_dim])  # fmt: skip
+
+
+@kernel(inline=True)
+def gated_norm(o, norm, eps, z, out):
+    """out = o / sqrt(mean(o^2) + eps) * norm * silu(z)"""
+    ss = np.float32(0)
+    for j in range(o.shape[0]):
+        ss += o[j] * o[j]
+    inv = recip(np.sqrt(ss / np.float32(o.shape[0]) + eps))
+    for j in range(o.shape[0]):
+        out[j] = o[j] * inv * norm[j] * z[j] * sigmoid(z[j])
+
+
+def delta_net(h, state_conv, state_s, conv_w, dt_bias, a, norm, eps, heads, k_heads, k_dim, out):
+    """A delta net's mixing of T tokens of one sequence (llama_np.model.recurrent.delta_net):
+    the convolution, q and k L2-normed, the delta rule and the gated norm, into out (T,
+    value_dim)."""
+    qkv = np.empty((h.shape[0], conv_w.shape[0]), np.float32)
+    delta_conv(h, state_conv, conv_w, qkv)
+    l2_heads(qkv, k_heads, k_dim, np.float32(1 / np.sqrt(k_dim)))
+    delta_rule(h, qkv, state_s, dt_bias, a, norm, np.float32(eps), heads, k_heads, k_dim, out)
+
+
+@kernel(parallel=True)
+def short_conv(h, state, w, out):
+    """LFM2's short convolution of T tokens of one sequence: h (T, 3 dim) = B, C, x; out
+    (T, dim) = C * conv(B * x); state (K - 1, dim), the last K - 1 values of B * x, updated;
+    w (dim, K)."""
+    t_n, dim, k = h.shape[0], w.shape[0], w.shape[1]
+    for b in prange((dim + BLOCK - 1) // BLOCK):
+        c0, c1 = b * BLOCK, min(dim, (b + 1) * BLOCK)
+        for t in range(t_n):
+            for c in range(c0, c1):
+                acc = np.float32(0)
+                for j in range(k):
+                    i = t + j - (k - 1)
+                    bx = h[i, c] * h[i, 2 * dim + c] if i >= 0 else state[i + k - 1, c]
+                    acc += w[c, j] * bx
+                out[t, c] = h[t, dim + c] * acc
+        for j in range(k - 1):
+            i = t_n + j - (k - 1)
+            for c in range(c0, c1):
+                state[j, c] = h[i, c] * h[i, 2 * dim + c] if i >= 0 else state[i + k - 1, c]
