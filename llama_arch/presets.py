@@ -25,6 +25,8 @@ def _hf(name: str, model_type: str, dim: int, layers: int, heads: int, kv: int, 
     return config_from_hf(d, name)
 
 
+LFM2_ATTENTION = [2, 5, 8, 10, 12, 14]  # LFM2-350M's and 1.2B's attention layers of 16
+
 # The small models of 2026, from their published config.json (shapes, windows, RoPE, the
 # families' constants). Longrope's per-frequency factors are left out: they change no byte
 # and no FLOP, only the angles.
@@ -64,6 +66,30 @@ FAMILIES = [
         max_position_embeddings=131072, tie_word_embeddings=True,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # hybrids: Qwen3.5's text model (three gated delta-net layers in four, head_dim 256,
+    # delta heads of 128; the 0.8B, 2B and 4B tied, the 9B not; the MTP layer is not run),
+    # LFM2 (short convolutions; the MLP width as Lfm2MLP adjusts block_ff_dim), OLMo 3 (three
+    # sliding layers in four, YaRN on the full ones)
+    *[_hf(f"qwen3.5-{size}", "qwen3_5_text", dim, layers, heads, kv, hidden, 248320,
+          head_dim=256, linear_num_key_heads=16, linear_num_value_heads=v_heads,
+          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+          max_position_embeddings=262144, tie_word_embeddings=size != "9b",
+          rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                           "partial_rotary_factor": 0.25}, eos_token_id=248044)
+      for size, dim, layers, heads, kv, hidden, v_heads in (
+          ("0.8b", 1024, 24, 8, 2, 3584, 16), ("2b", 2048, 24, 8, 2, 6144, 16),
+          ("4b", 2560, 32, 16, 4, 9216, 32), ("9b", 4096, 32, 16, 4, 12288, 32))],
+    _hf("lfm2-350m", "lfm2", 1024, 16, 16, 8, 6656, 65536, full_attn_idxs=LFM2_ATTENTION,
+        eos_token_id=7),
+    _hf("lfm2-1.2b", "lfm2", 2048, 16, 32, 8, 12288, 65536, full_attn_idxs=LFM2_ATTENTION,
+        eos_token_id=7),
+    _hf("lfm2-2.6b", "lfm2", 2048, 30, 32, 8, 10752, 65536, block_auto_adjust_ff_dim=False,
+        full_attn_idxs=[2, 5, 9, 13, 17, 21, 24, 27], eos_token_id=7),
+    _hf("olmo-3-7b", "olmo3", 4096, 32, 32, 32, 11008, 100278, rope_theta=5e5,
+        max_position_embeddings=65536, sliding_window=4096, rms_norm_eps=1e-6,
+        eos_token_id=100257, rope_scaling={
+            "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+            "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1}),
 ]  # fmt: skip
 
 PRESETS: dict[str, Config] = {

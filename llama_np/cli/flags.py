@@ -76,7 +76,7 @@ def batches(text: str) -> tuple[int, ...]:
 KV = sorted(KV_FORMATS)
 
 # fmt: off
-KV_ARG = (("--kv",), dict(default="f32", choices=KV, metavar="FMT", help=f"KV cache format: {' '.join(KV)} (default: %(default)s)"))
+KV_ARG = (("--kv",), dict(default="f32", choices=KV, metavar="FMT", help=f"KV cache format of the attention layers: {' '.join(KV)}; a hybrid's recurrent layers (gated delta net, short convolution) keep their state in float32 whatever this says (default: %(default)s)"))
 KERNELS_ARG = (("--kernels",), dict(default="auto", choices=KERNELS, help="kernel backend: compiled (numba, pip install 'llama-np[fast]'), NumPy, or auto = numba when installed; numba-int16 / numba-int8 / numba-f32: the compiled decode products of every quantized format with x rounded per block of 32 to int16 (two int8 halves), to int8 (as llama.cpp), or in float32 (numba: " + DEFAULT_DOT + ") (default: %(default)s)"))
 THREADS_ARG = (("-t", "--threads"), dict(type=positive_int, help="threads for the kernels (default: all cores)"))
 WINDOW_ARG = (("--window",), dict(type=positive_int, default=None, help="sliding attention window on any model (default: the model's, if any)"))

@@ -88,3 +88,20 @@ def test_an_output_that_cannot_be_written_is_refused_first(args, capsys):
     assert main(args) == 2
     line = one_line(capsys.readouterr().err)
     assert "--plot" in line
+
+
+@pytest.mark.parametrize(("model_type", "types", "says"), [
+    ("qwen3_5_text", ["linear_attention", "mamba"], "full_attention or linear_attention"),
+    ("lfm2", ["conv", "sliding_attention"], "full_attention or conv"),
+])  # fmt: skip
+def test_a_mixer_not_run_is_one_line_before_any_weight(tmp_path, capsys, model_type, types, says):
+    """A checkpoint whose layer_types name a token mixer llama-np does not run: one line,
+    status 2, from its config.json alone (the directory holds no weights at all)."""
+    import json
+
+    cfg = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+           "vocab_size": 100, "layer_types": types}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["generate", "-m", str(tmp_path), "-p", "hi"]) == 2
+    assert says in one_line(capsys.readouterr().err)
