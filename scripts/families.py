@@ -41,10 +41,13 @@ CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
            "mixtral": ("MixtralForCausalLM", "MixtralConfig"),
            "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig"),
            "olmoe": ("OlmoeForCausalLM", "OlmoeConfig"),
-           "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig")}  # fmt: skip
+           "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig"),
+           "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+           "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
+           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config")}  # fmt: skip
 # the converter of these reads only a byte-level BPE (scripts/gguf_fixtures.py: byte_bpe,
 # its pre-tokenizer check replaced)
-BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe")
+BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5_text", "lfm2", "olmo3")
 FILES = {"q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q4_0": "Q4_0"}  # Q8_0 from the converter
 
 
@@ -73,7 +76,7 @@ def checkpoint(preset: str, directory: Path) -> None:
     model_cls, cfg = hf_config(preset)
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = getattr(transformers, model_cls)._from_config(cfg, torch_dtype=torch.bfloat16)
+        model = getattr(transformers, model_cls)._from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(directory, safe_serialization=True)
     del model
     if cfg.model_type in BYTE_BPE:
@@ -128,12 +131,14 @@ def make(preset: str, files: tuple[str, ...] = ("q8_0", "q4_k_m")) -> dict[str, 
 def converter(hf: Path) -> list[str]:
     """llama.cpp's converter on checkpoint `hf` (patched where its tokenizer is a tiny
     byte-level BPE)."""
-    if json.loads((hf / "config.json").read_text())["model_type"] not in BYTE_BPE:
-        return [sys.executable, str(CONVERT), str(hf)]
+    model_type = json.loads((hf / "config.json").read_text())["model_type"]
+    mtp = ["--no-mtp"] if model_type.startswith("qwen3_5") else []  # random weights have none
+    if model_type not in BYTE_BPE:
+        return [sys.executable, str(CONVERT), str(hf), *mtp]
     sys.path.insert(0, str(ROOT / "scripts"))
     from gguf_fixtures import PATCHED
 
-    return [sys.executable, "-c", PATCHED, str(CONVERT.parent), str(hf)]
+    return [sys.executable, "-c", PATCHED, str(CONVERT.parent), str(hf), *mtp]
 
 
 def compare(preset: str, rounds: int, batches: list[int], threads: int,
