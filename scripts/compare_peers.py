@@ -62,7 +62,7 @@ class Engine:
 class LlamaNp(Engine):
     def __init__(self, path: Path, kernels: str, weights: str | None, threads: int) -> None:
         self.llm = llama_np.load(path, weights=weights, threads=threads, kernels=kernels)
-        w, h, _ = weight_plan(self.llm.model.weights)
+        w, h, _ = weight_plan(self.llm.model.weights, self.llm.config)
         w = weights_label(w)
         stored = " (as stored)" if weights is None else ""
         self.name = f"llama-np {kernels} {w if w == h else w + '/' + h}{stored}"

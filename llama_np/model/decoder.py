@@ -8,26 +8,30 @@ import numpy as np
 
 from bench.meter import Meter
 from bench.runner import Variant
-from llama_arch import ROLES, Config
+from llama_arch import Config, layer_roles
 from llama_np.generation.generate import check_logits
 from llama_np.model.kvcache import KVCache, check_batch_fits
 from llama_np.model.transformer import Transformer, Weights
 
 
-def weight_plan(w: Weights) -> tuple[str | list[dict[str, str]], str, str]:
+def weight_plan(w: Weights, c: Config) -> tuple[str | list[dict[str, str]], str, str]:
     """(layers, LM head, embedding) formats of a model: the layers' one format, or, when
-    they mix formats (a GGUF file), per layer the format of each matrix (llama_arch.ROLES;
-    a mixture of experts: an expert's, every expert of a layer stored alike)."""
+    they mix formats (a GGUF file), per layer the format of each matrix by role
+    (llama_arch.layer_roles; a mixture of experts: an expert's, every expert of a layer
+    stored alike)."""
     plan = []
-    for layer in w.layers:
-        q, k, v = layer.wqkv.leaves() if len(layer.wqkv.leaves()) == 3 else [layer.wqkv] * 3
+    for i, layer in enumerate(w.layers):
+        roles = layer_roles(c, i)
+        inputs = roles[: roles.index("wo")]  # the mixer's input projections, stacked
+        first = layer.matrices()[0]
+        parts = first.leaves() if len(first.leaves()) == len(inputs) else [first] * len(inputs)
         gate_up, down = layer.w_gate_up, layer.w_down
         if layer.experts is not None:
             gate_up, down = layer.experts.gate_up[0], layer.experts.down[0]
         pair = gate_up.leaves()
         gate, up = pair if len(pair) == 2 else [gate_up] * 2
-        mats = (q, k, v, layer.wo, gate, up, down)
-        plan.append({role: m.fmt for role, m in zip(ROLES, mats, strict=True)})
+        mats = (*parts, layer.wo, gate, up, down)
+        plan.append({role: m.fmt for role, m in zip(roles, mats, strict=True)})
     uniform = {f for p in plan for f in p.values()}
     layers = uniform.pop() if len(uniform) == 1 else plan
     return layers, w.lm_head.fmt, w.embed.fmt
@@ -41,7 +45,7 @@ class Decoder:
         self.rng = np.random.default_rng(1)
         self.cache: KVCache | None = None
         self.logits = np.zeros(1, np.float32)  # the last step's (check)
-        weights, head, embed = weight_plan(model.weights)
+        weights, head, embed = weight_plan(model.weights, model.config)
         self.variant = Variant(weights, head, embed, kv, model.backend.name, model.kernels,
                                model.backend.dot)  # fmt: skip
 

@@ -268,6 +268,8 @@ class KVCache:
             state.s[...] = rng.standard_normal(state.s.shape, np.float32) * np.float32(0.1)
             state.conv[...] = rng.standard_normal(state.conv.shape, np.float32)
         for layer, ring in enumerate(self.rings):
+            if self.k[layer] is None:  # a recurrent layer: no keys
+                continue
             keep = min(n, ring)
             chunk = min(1024, ring)  # bounded temporary memory; a ring wraps once at most
             for p in range(n - keep, n, chunk):

@@ -27,7 +27,7 @@ class Metrics:
     def __init__(self, engine: Engine, probe: Probe | None, window: int | None) -> None:
         self.engine, self.probe, self.window = engine, probe, window
         model = engine.llm.model
-        self.weights, self.head, self.embed = weight_plan(model.weights)
+        self.weights, self.head, self.embed = weight_plan(model.weights, model.config)
         self.backend, self.dot = model.backend.name, model.backend.dot
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)

@@ -5,8 +5,8 @@ are llama_np/model/recurrent.py; these read and write the same float32 state.
 
 A delta net's token reads and writes its state whole: per value head a (k_dim, v_dim)
 matrix, 64 KiB at Qwen3.5's 128 x 128. Each head is one parallel item, walking its tokens
-in order; its state is read once for S^T k and once more, from L2, for the update and
-S^T q, written once: the loops run along v_dim, contiguous, and vectorize. The
+in order; its state is read once for S^T k and S^T q together and once more, from L2,
+for the update, written once: the loops run along v_dim, contiguous, and vectorize. The
 convolutions walk blocks of channels (contiguous, vectorized), each block its tokens."""
 
 from __future__ import annotations
@@ -73,35 +73,39 @@ def delta_rule(h, qkv, s, dt_bias, a, norm, eps, heads, k_heads, k_dim, out):
     head per parallel item. h (T, in_dim): the projection's rows (its z, b and a columns
     after the conv_dim convolved ones); qkv (T, conv_dim): q, k (L2-normed, q scaled) and
     v; s (Hv, Dk, Dv) in place; heads (Hv,): the key head of each value head; out (T,
-    Hv * Dv)."""
+    Hv * Dv). Two passes over the state a token: one reads S^T k and S^T q, the other
+    writes S <- decay S + k (x) delta; the output is S_new^T q = decay S^T q + (k . q)
+    delta, from the vectors."""
     t_n, v_heads, v_dim = h.shape[0], s.shape[0], s.shape[2]
     conv_dim = qkv.shape[1]
     key_dim = k_heads * k_dim
     value_dim = v_heads * v_dim
     for hv in prange(v_heads):
         kh = heads[hv]
-        mem = np.empty(v_dim, np.float32)
-        o = np.empty(v_dim, np.float32)
+        sk = np.empty(v_dim, np.float32)
+        sq = np.empty(v_dim, np.float32)
         for t in range(t_n):
             g = a[hv] * softplus(h[t, conv_dim + value_dim + v_heads + hv] + dt_bias[hv])
             decay = np.exp(g)
             beta = sigmoid(h[t, conv_dim + value_dim + hv])
             q0, k0, v0 = kh * k_dim, key_dim + kh * k_dim, 2 * key_dim + hv * v_dim
-            mem[:] = 0
+            sk[:] = 0
+            sq[:] = 0
+            kq = np.float32(0)
+            for i in range(k_dim):
+                ki, qi = qkv[t, k0 + i], qkv[t, q0 + i]
+                kq += ki * qi
+                for j in range(v_dim):
+                    sk[j] += s[hv, i, j] * ki
+                    sq[j] += s[hv, i, j] * qi
+            for j in range(v_dim):  # delta: the error the decayed state makes, times beta
+                sk[j] = (qkv[t, v0 + j] - decay * sk[j]) * beta
+                sq[j] = decay * sq[j] + kq * sk[j]  # the output, S_new^T q
             for i in range(k_dim):
                 ki = qkv[t, k0 + i]
                 for j in range(v_dim):
-                    mem[j] += s[hv, i, j] * ki
-            for j in range(v_dim):  # the error the decayed state makes, times beta
-                mem[j] = (qkv[t, v0 + j] - decay * mem[j]) * beta
-            o[:] = 0
-            for i in range(k_dim):
-                ki, qi = qkv[t, k0 + i], qkv[t, q0 + i]
-                for j in range(v_dim):
-                    x = s[hv, i, j] * decay + ki * mem[j]
-                    s[hv, i, j] = x
-                    o[j] += x * qi
-            gated_norm(o, norm, eps, h[t, conv_dim + hv * v_dim : conv_dim + (hv + 1) * v_dim],
+                    s[hv, i, j] = s[hv, i, j] * decay + ki * sk[j]
+            gated_norm(sq, norm, eps, h[t, conv_dim + hv * v_dim : conv_dim + (hv + 1) * v_dim],
                        out[t, hv * v_dim : (hv + 1) * v_dim])  # fmt: skip
 
 

@@ -137,7 +137,7 @@ def test_the_meter_counts_what_the_mixed_model_predicts(native, kernels):
     from bench.sol import estimate
     from llama_np.model.decoder import weight_plan
 
-    layers, head, embed = weight_plan(native.model.weights)
+    layers, head, embed = weight_plan(native.model.weights, native.config)
     assert not isinstance(layers, str)  # q5_0 and q8_0 for v, q4_k and q6_k for down
     cache = native.new_cache(64)
     native.logits(native.tokenize("x = 1"), cache)
