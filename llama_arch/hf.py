@@ -105,6 +105,25 @@ def _longrope(d: dict[str, Any], merged: dict[str, Any], rotary: int) -> RopeSca
                        attention_factor=float(attention))  # fmt: skip
 
 
+def _rope_by_layer_type(d: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 saves a gemma3's rope_parameters by layer type ({"full_attention":
+    {...}, "sliding_attention": {...}}): the global layers' as the model's, the sliding
+    layers' base as v4's rope_local_base_freq (those layers' RoPE is never scaled)."""
+    params = d.get("rope_parameters")
+    if not isinstance(params, dict) or not isinstance(params.get("full_attention"), dict):
+        return d
+    local = params.get("sliding_attention") or {}
+    if not isinstance(local, dict):
+        raise ConfigError("config: rope_parameters.sliding_attention must be an object")
+    if local.get("rope_type", "default") != "default":
+        raise ConfigError(f"config: unsupported rope type {local['rope_type']!r} on the "
+                          "sliding layers (only default)")  # fmt: skip
+    out = {**d, "rope_parameters": params["full_attention"]}
+    if "rope_theta" in local:
+        out["rope_local_base_freq"] = local["rope_theta"]
+    return out
+
+
 def _check_runnable(d: dict[str, Any], arch: str) -> None:
     """What the engine refuses that the shape alone does not show."""
     if arch not in SUPPORTED:
@@ -210,7 +229,9 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
     if arch == "olmo2":
         out |= {"qk_norm": "all", "pre_norm": False, "post_norm": True}
     if arch == "phi3":
-        prf = _float(d, "partial_rotary_factor", 1.0)
+        rope = d.get("rope_parameters")  # transformers 5 keeps the factor there
+        prf = _float(rope if isinstance(rope, dict) else {}, "partial_rotary_factor",
+                     _float(d, "partial_rotary_factor", 1.0))  # fmt: skip
         if not 0 < prf <= 1:
             raise ConfigError(f"config: partial_rotary_factor must be in (0, 1], got {prf}")
         out["rotary_dim"] = int(head_dim * prf)
@@ -264,6 +285,7 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
         d = {**GEMMA3_TEXT, **d, "model_type": "gemma3"}
     elif d.get("model_type") == "gemma3" and "text_config" in d:
         d = _text_config(d)
+    d = _rope_by_layer_type(d)
     arch = d.get("model_type")
     if runnable:
         if arch is None:
