@@ -52,6 +52,45 @@ def byte_tokenizer(directory: Path, eos: bool = False) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
+def sp_tokenizer_json(model_file: Path, directory: Path) -> None:
+    """A tokenizer.json (and a tokenizer_config.json naming BOS and EOS) for a sentencepiece
+    BPE model, built with the tokenizers library as Llama 2's tokenizer.json is laid out:
+    the vocabulary with byte fallback, merges in the order of the merged piece's id (the
+    order sentencepiece learned them in), the dummy prefix "▁" prepended and spaces made
+    "▁" by the normalizer, BOS added by the post-processor. Its encodings are held against
+    sentencepiece's own by the tests that use it."""
+    import sentencepiece as spm
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = [
+        (p[:k], p[k:])
+        for i, p in enumerate(pieces)
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
+        for k in range(1, len(p))
+        if p[:k] in vocab and p[k:] in vocab
+    ]  # grouped by the merged piece, in id order
+    unk, bos, eos = (pieces[sp.unk_id()], pieces[sp.bos_id()], pieces[sp.eos_id()])
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+         decoders.Strip(" ", 1, 0)]
+    )  # fmt: skip
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (unk, bos, eos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, sp.bos_id())]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    cfg = {"bos_token": bos, "eos_token": eos, "unk_token": unk}
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
 def _byte_of(ch: str) -> int:
     """Inverse of GPT-2's bytes_to_unicode for one character."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
