@@ -404,6 +404,7 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
         d["use_sliding_window"] = True
     if c.arch in ("gemma2", "gemma3"):
         qpas = round((c.attn_scale or c.head_dim**-0.5) ** -2, 6)
+        qpas = int(qpas) if qpas.is_integer() else qpas  # transformers 5's gemma3: an int
         d |= {"hidden_activation": GELU, "final_logit_softcapping": c.final_softcap,
               "query_pre_attn_scalar": qpas}  # fmt: skip
         if c.arch == "gemma2":

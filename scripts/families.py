@@ -73,7 +73,7 @@ def checkpoint(preset: str, directory: Path) -> None:
     model_cls, cfg = hf_config(preset)
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = getattr(transformers, model_cls)._from_config(cfg, torch_dtype=torch.bfloat16)
+        model = getattr(transformers, model_cls)._from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(directory, safe_serialization=True)
     del model
     if cfg.model_type in BYTE_BPE:

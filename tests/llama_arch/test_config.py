@@ -172,3 +172,21 @@ def test_the_readme_lists_every_preset():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     listed = readme.split("Presets (`sol --config`")[1].split(":\n", 1)[1].split("\n\n")[0]
     assert sorted(n.strip(" .\n") for n in listed.split(",")) == sorted(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_written_config_reads_back_through_transformers(name, tmp_path):
+    """config_to_hf's config.json (as quantize writes it) is one transformers reads, and its
+    re-save in transformers' own spelling (5.x: rope_parameters, a gemma3's nested by layer
+    type, layer_types, dtype) reads back to the same Config."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from llama_arch import config_to_hf
+
+    c = PRESETS[name]
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(c)))
+    AutoConfig.from_pretrained(tmp_path).save_pretrained(tmp_path / "saved")
+    back = read_config_json(tmp_path / "saved" / "config.json")
+    assert replace(back, name=c.name) == c
