@@ -58,14 +58,11 @@ def _ids(value: Any, key: str) -> tuple[int, ...]:
 
 def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling | None]:
     """rope_theta and scaling, in transformers' v4 (`rope_theta`, `rope_scaling`) or
-    v5 (`rope_parameters`) spelling; a config with RoPE per layer type (olmo3): its
-    full_attention layers' (the sliding ones: _local_theta)."""
+    v5 (`rope_parameters`) spelling (by layer type: the full layers', _rope_by_layer_type)."""
     params = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(scaling, dict):
         raise ConfigError("config: rope_parameters / rope_scaling must be objects")
-    if isinstance(params.get("full_attention"), dict):
-        params = params["full_attention"]
     merged = {**scaling, **params}
     theta = _float(params, "rope_theta", _float(d, "rope_theta", 10000.0))
     kind = merged.get("rope_type", merged.get("type", "default"))
@@ -139,6 +136,26 @@ def _longrope(d: dict[str, Any], merged: dict[str, Any], rotary: int) -> RopeSca
     return RopeScaling("longrope", factor, original_max_position_embeddings=orig,
                        short_factor=factors[0], long_factor=factors[1],
                        attention_factor=float(attention))  # fmt: skip
+
+
+def _rope_by_layer_type(d: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 saves a gemma3's and an olmo3's rope_parameters by layer type
+    ({"full_attention": {...}, "sliding_attention": {...}}): the global layers' as the
+    model's, the sliding layers' base as v4's rope_local_base_freq (those layers' RoPE is
+    never scaled)."""
+    params = d.get("rope_parameters")
+    if not isinstance(params, dict) or not isinstance(params.get("full_attention"), dict):
+        return d
+    local = params.get("sliding_attention") or {}
+    if not isinstance(local, dict):
+        raise ConfigError("config: rope_parameters.sliding_attention must be an object")
+    if local.get("rope_type", "default") != "default":
+        raise ConfigError(f"config: unsupported rope type {local['rope_type']!r} on the "
+                          "sliding layers (only default)")  # fmt: skip
+    out = {**d, "rope_parameters": params["full_attention"]}
+    if "rope_theta" in local:
+        out["rope_local_base_freq"] = local["rope_theta"]
+    return out
 
 
 def _check_runnable(d: dict[str, Any], arch: str) -> None:
@@ -251,14 +268,9 @@ def _qwen3_5(d: dict[str, Any], n_layers: int, head_dim: int) -> dict[str, Any]:
 
 
 def _local_theta(d: dict[str, Any]) -> float:
-    """olmo3's sliding layers' rope_theta (rope_parameters per layer type), else the one."""
-    params = d.get("rope_parameters")
-    local = params.get("sliding_attention") if isinstance(params, dict) else None
-    if isinstance(local, dict) and local.get("rope_type", "default") != "default":
-        raise ConfigError("config: olmo3's sliding layers take plain RoPE, got "
-                          f"{local.get('rope_type')!r}")  # fmt: skip
-    fallback = _float(d, "rope_theta", 500000.0)
-    return _float(local, "rope_theta", fallback) if isinstance(local, dict) else fallback
+    """olmo3's sliding layers' rope_theta (from rope_parameters by layer type, as
+    _rope_by_layer_type reads them), else the one."""
+    return _float(d, "rope_local_base_freq", _float(d, "rope_theta", 500000.0))
 
 
 def _lfm2(d: dict[str, Any], n_layers: int) -> dict[str, Any]:
@@ -323,7 +335,9 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
     if arch == "lfm2":
         out |= _lfm2(d, n_layers)
     if arch == "phi3":
-        prf = _float(d, "partial_rotary_factor", 1.0)
+        rope = d.get("rope_parameters")  # transformers 5 keeps the factor there
+        prf = _float(rope if isinstance(rope, dict) else {}, "partial_rotary_factor",
+                     _float(d, "partial_rotary_factor", 1.0))  # fmt: skip
         if not 0 < prf <= 1:
             raise ConfigError(f"config: partial_rotary_factor must be in (0, 1], got {prf}")
         out["rotary_dim"] = int(head_dim * prf)
@@ -410,6 +424,7 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
         if d["model_type"] == "lfm2":  # its legacy and own names
             d |= {"tie_word_embeddings": d.get("tie_embedding", d["tie_word_embeddings"]),
                   "intermediate_size": lfm2_hidden(d), "rms_norm_eps": d["norm_eps"]}  # fmt: skip
+    d = _rope_by_layer_type(d)
     arch = d.get("model_type")
     if runnable:
         if arch is None:
@@ -533,6 +548,7 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
         d["use_sliding_window"] = True
     if c.arch in ("gemma2", "gemma3"):
         qpas = round((c.attn_scale or c.head_dim**-0.5) ** -2, 6)
+        qpas = int(qpas) if qpas.is_integer() else qpas  # transformers 5's gemma3: an int
         d |= {"hidden_activation": GELU, "final_logit_softcapping": c.final_softcap,
               "query_pre_attn_scalar": qpas}  # fmt: skip
         if c.arch == "gemma2":
@@ -553,8 +569,7 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
     if c.arch == "smollm3" and c.rope_layers is not None:
         d["no_rope_layers"] = [int(r) for r in c.rope_layers]
     if c.arch == "olmo3":
-        local = {"rope_type": "default", "rope_theta": c.rope_local_theta}
-        d["rope_parameters"] = {"sliding_attention": local}
+        d["rope_local_base_freq"] = c.rope_local_theta
     if c.arch == "lfm2":
         names = {"attention": "full_attention", "conv": "conv"}
         d |= {"layer_types": [names[t] for t in c.layer_types or ()],

@@ -351,7 +351,7 @@ def _olmo2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
                            f"{len(pattern)} layers of {n}")  # fmt: skip
     types = ["sliding_attention" if p else "full_attention" for p in pattern]
     return {"model_type": "olmo3", "layer_types": types,
-            "rope_parameters": {"sliding_attention": {"rope_theta": hf["rope_theta"]}}}  # fmt: skip
+            "rope_local_base_freq": hf["rope_theta"]}  # fmt: skip
 
 
 def _qwen35(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:

@@ -48,6 +48,39 @@ def test_llama3_scaling_in_either_spelling():
     assert a == b and a.rope_scaling.kind == "llama3" and a.rope_scaling.factor == 8.0
 
 
+def test_gemma3_rope_by_layer_type_in_either_spelling():
+    """transformers 5 nests a gemma3's rope by layer type: the global layers' theta and
+    scaling, the sliding layers' own base (v4's rope_local_base_freq)."""
+    g3 = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 6, "head_dim": 32}
+    a = config_from_hf(
+        {
+            **g3,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 2e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        }
+    )
+    b = config_from_hf({**g3, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}})  # fmt: skip
+    assert a == b
+    assert (b.rope_theta, b.rope_local_theta, b.rope_scaling.factor) == (1e6, 2e4, 8.0)
+    with pytest.raises(ConfigError, match="sliding layers"):
+        config_from_hf({**g3, "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0}}})  # fmt: skip
+
+
+def test_phi3_partial_rotary_factor_in_either_place():
+    """transformers 5 keeps phi3's partial_rotary_factor in rope_parameters."""
+    phi3 = {**BASE, "model_type": "phi3", "num_attention_heads": 2}  # head_dim 32
+    a = config_from_hf({**phi3, "partial_rotary_factor": 0.75})
+    b = config_from_hf(
+        {**phi3, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}}
+    )
+    assert a == b and a.rotary_dim == 24
+
+
 def test_head_dim_from_config_or_derived():
     assert config_from_hf({**BASE, "head_dim": 32}).head_dim == 32
     assert config_from_hf({**BASE, "head_dim": None}).head_dim == 16
@@ -139,3 +172,21 @@ def test_the_readme_lists_every_preset():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     listed = readme.split("Presets (`sol --config`")[1].split(":\n", 1)[1].split("\n\n")[0]
     assert sorted(n.strip(" .\n") for n in listed.split(",")) == sorted(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_written_config_reads_back_through_transformers(name, tmp_path):
+    """config_to_hf's config.json (as quantize writes it) is one transformers reads, and its
+    re-save in transformers' own spelling (5.x: rope_parameters, a gemma3's nested by layer
+    type, layer_types, dtype) reads back to the same Config."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from llama_arch import config_to_hf
+
+    c = PRESETS[name]
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(c)))
+    AutoConfig.from_pretrained(tmp_path).save_pretrained(tmp_path / "saved")
+    back = read_config_json(tmp_path / "saved" / "config.json")
+    assert replace(back, name=c.name) == c
