@@ -198,6 +198,27 @@ FAMILIES: dict[str, dict[str, Any]] = {
                        intermediate_size=40, num_local_experts=9, num_experts_per_tok=3,
                        embedding_multiplier=6.0, attention_multiplier=0.04,
                        residual_multiplier=0.3, logits_scaling=4.0),
+    # hybrids: Qwen3.5's gated delta net beside its gated attention (every layer type in one
+    # model; head_dim 24, a quarter of it turned; delta key heads of 12 and value heads of
+    # 20, twice as many), decay rates and the state carried over 40 tokens
+    "qwen3_5": dict(arch="qwen3_5", num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=24, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=12, linear_value_head_dim=20,
+                    layer_types=["linear_attention", "full_attention", "linear_attention",
+                                 "linear_attention"], rms_norm_eps=1e-6),
+    # LFM2's short convolutions beside attention with per-head q and k norms; its MLP width
+    # from block_ff_dim (2/3 of 96, to a multiple of 16: 64)
+    "lfm2": dict(arch="lfm2", num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 layer_types=["conv", "full_attention", "conv", "full_attention"],
+                 norm_eps=1e-5, block_ff_dim=96, block_multiple_of=16),
+    # OLMo 3: three layers under a window of 8, then a full one with YaRN (16 of the 40
+    # positions past its original context)
+    "olmo3": dict(arch="olmo3", num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, sliding_window=8, rope_parameters={
+                      "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0,
+                                         "original_max_position_embeddings": 24,
+                                         "beta_fast": 16, "beta_slow": 1},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
 }  # fmt: skip
 MODELS |= FAMILIES
 
@@ -221,6 +242,9 @@ def hf_classes(arch: str) -> tuple[Any, Any]:
         "qwen3_moe": (t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig),
         "olmoe": (t.OlmoeForCausalLM, t.OlmoeConfig),
         "granitemoe": (t.GraniteMoeForCausalLM, t.GraniteMoeConfig),
+        "qwen3_5": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
+        "lfm2": (t.Lfm2ForCausalLM, t.Lfm2Config),
+        "olmo3": (t.Olmo3ForCausalLM, t.Olmo3Config),
     }[arch]
 
 
