@@ -11,10 +11,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# attn_weights: the token mixer's (attention's, or a recurrent mixer's matrices and its own
-# float32 vectors); state: a recurrent layer's state, read and written whole every step
-CATEGORIES = ("attn_weights", "mlp_weights", "lm_head", "embedding", "norms", "kv_cache",
-              "state")  # fmt: skip
+# What a step reads, by category (the names reports and JSON use):
+ATTN = "attn_weights"  # the token mixer's weights: attention's, or a recurrent mixer's
+# matrices and its own float32 vectors
+MLP = "mlp_weights"  # the MLP's (a mixture of experts': the router and the experts read)
+HEAD = "lm_head"
+EMBEDDING = "embedding"  # the rows of the tokens' embeddings
+NORMS = "norms"
+KV = "kv_cache"  # the attention layers' keys and values attended (appends: writes)
+STATE = "state"  # a recurrent layer's state, read and written whole every step
+CATEGORIES = (ATTN, MLP, HEAD, EMBEDDING, NORMS, KV, STATE)
 # time that reads nothing: threads idle at a one-call step's barriers (profile only)
 WAITS = "waits"
 
@@ -39,10 +45,6 @@ class Step:
     @property
     def bytes_read(self) -> int:
         return sum(self.reads.values())
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(self.writes.values())
 
 
 class Meter:

@@ -23,6 +23,7 @@ from llama_arch import Config, ConfigError, layer_matrices, layer_roles
 from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
+from .meter import KV
 from .sol import Estimate, estimate
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
@@ -239,7 +240,7 @@ def predict(m: Measurement) -> Estimate:
                      engine=False, batch=m.batch)  # fmt: skip
     except ConfigError as err:
         raise PublishedError(f"{m.model}: {err}") from None
-    e.reads["kv_cache"] = e.reads["kv_cache"] * lay.kv_bytes // 2
+    e.reads[KV] = e.reads[KV] * lay.kv_bytes // 2
     return e
 
 

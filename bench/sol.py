@@ -31,7 +31,7 @@ from llama_arch import (
 from quant.backends import get_backend
 from quant.kv import kv_store_class
 
-from .meter import CATEGORIES
+from .meter import ATTN, CATEGORIES, EMBEDDING, HEAD, KV, MLP, NORMS, STATE
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Estimate:
     def per_sequence_bytes(self) -> int:
         """What each sequence of a batch adds: its KV cache, its recurrent states and its
         embedding row."""
-        return self.reads["kv_cache"] + self.reads["state"] + self.reads["embedding"]
+        return self.reads[KV] + self.reads[STATE] + self.reads[EMBEDDING]
 
     def ridge_batch(self, bandwidth: float, peak_flops: float) -> float:
         """B*, the batch at which the step turns compute-bound: the weights' time
@@ -96,11 +96,11 @@ class Estimate:
 
     @property
     def weight_bytes(self) -> int:
-        return self.bytes_per_token - self.kv_bytes - self.reads["state"]
+        return self.bytes_per_token - self.kv_bytes - self.reads[STATE]
 
     @property
     def kv_bytes(self) -> int:
-        return self.reads["kv_cache"]
+        return self.reads[KV]
 
     @property
     def bytes_per_token(self) -> int:
@@ -224,11 +224,11 @@ def estimate(
     store = kv_store_class(kv)
     slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
-    reads["kv_cache"] = batch * sum(
+    reads[KV] = batch * sum(
         store.read_nbytes(n, s.n_kv_heads, s.head_dim, tiled) + n * slot for n in layer_keys
     )
     state = batch * sum(4 * state_floats(s, i) for i in range(s.n_layers))
-    reads["state"] = state
+    reads[STATE] = state
     total, read, matmul = _parameters(s)
     flops = 2 * matmul + sum(4 * s.n_heads * s.head_dim * n for n in layer_keys)
     flops = batch * (flops + recurrent_flops(s))
@@ -287,16 +287,16 @@ def _weight_reads(
     router = s.n_layers * nbytes("f32")((s.n_experts, s.dim)) if s.n_experts > 1 else 0
     reads = dict.fromkeys(CATEGORIES, 0)
     mixers = [MIXER_ROLES[s.mixer(i)] for i in range(s.n_layers)]
-    reads["attn_weights"] = sum(layer_bytes(i, r) for i, r in enumerate(mixers))
-    reads["attn_weights"] += bias * len(s.attention_layers) + 4 * mixer_floats(s)
+    reads[ATTN] = sum(layer_bytes(i, r) for i, r in enumerate(mixers))
+    reads[ATTN] += bias * len(s.attention_layers) + 4 * mixer_floats(s)
     used = experts or [experts_read(s, batch)] * s.n_layers
     if len(used) != s.n_layers:
         raise ConfigError(f"{s.name}: experts counted for {len(used)} of {s.n_layers} layers")
     mlp = round(sum(n * layer_bytes(i, MLP_ROLES) for i, n in enumerate(used)))
-    reads["mlp_weights"] = mlp + router
-    reads["lm_head"] = nbytes(head)((s.vocab_size, s.dim))
-    reads["embedding"] = batch * nbytes(embed)((1, s.dim))
-    reads["norms"] = 4 * norm_floats(s)
+    reads[MLP] = mlp + router
+    reads[HEAD] = nbytes(head)((s.vocab_size, s.dim))
+    reads[EMBEDDING] = batch * nbytes(embed)((1, s.dim))
+    reads[NORMS] = 4 * norm_floats(s)
     if s.n_experts <= 1:
         return reads, 0, 0
     return reads, sum(layer_bytes(i, MLP_ROLES) for i in range(s.n_layers)), mlp
@@ -346,7 +346,7 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
         "kv_bytes_per_token": e.kv_bytes,
         "bytes_per_token": e.bytes_per_token,
         "kv_write_bytes_per_token": e.kv_write_bytes,
-        "state_bytes_per_token": e.reads["state"],
+        "state_bytes_per_token": e.reads[STATE],
         "state_write_bytes_per_token": e.state_write_bytes,
         "bytes_by_category": dict(e.reads),
         "flops_per_token": e.flops,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 # Architectures the engine runs (config.json's model_type; gemma3_text is gemma3); the
 # speed-of-light model reads any llama-family shape (mixtral's experts, cohere's tied head, ...).
@@ -219,19 +219,6 @@ class Config:
         if d.get("delta") is not None:
             d["delta"] = DeltaNet(**d["delta"])
         return cls(**d)
-
-    def with_window(self, window: int | None) -> Config:
-        return replace(self, sliding_window=window)
-
-    def check_runnable(self) -> None:
-        """Raise ConfigError unless the engine can run this model."""
-        if self.arch not in SUPPORTED:
-            raise UnsupportedModel(
-                f"config: unsupported model_type {self.arch!r} (supported: {', '.join(SUPPORTED)})"
-            )
-        if self.n_experts > 1 and self.arch not in MOE:
-            raise UnsupportedModel(f"{self.name}: {self.arch} with experts is not supported "
-                                   f"(mixtures of experts: {', '.join(MOE)})")  # fmt: skip
 
     def __post_init__(self) -> None:
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",

@@ -82,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise
         raise UsageError(f"serve needs its extra ({e.name} is missing): "
                          "pip install 'llama-np[serve]'") from None  # fmt: skip
-    return serve(args)
+    return serve(args, lambda: load_model(args))
 
 
 def summary_line(stats: Stats, args: argparse.Namespace | None = None, kernels: str = "") -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.devices import Device, DeviceError, get_device, load_devices
+from bench.meter import STATE
 from bench.probe import (
     Probe,
     load_probe,
@@ -172,7 +173,7 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None, exp=No
     )
     per = "token" if e.batch == 1 else "step"
     batch = "" if e.batch == 1 else f"a batch of {e.batch} sequences, each at "
-    state = e.reads["state"]
+    state = e.reads[STATE]
     state = f", recurrent state {state / 1e6:.2f}, written back whole" if state else ""
     lines = [
         f"{e.config.name}: weights {e.weights}{head}, kv {e.kv}, {batch}position {e.pos}, "
@@ -181,7 +182,7 @@ def sol_text(e: Estimate, pred: Prediction | None, device: Device | None, exp=No
         f"{e.params_active / 1e6:.1f} M read per token",
         f"  bytes per {per:5s}  {e.bytes_per_token / 1e6:12.2f} MB "
         f"(weights {e.weight_bytes / 1e6:.2f}, KV {e.kv_bytes / 1e6:.2f}{state})",
-        *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items() if b or cat != "state"),
+        *(f"    {cat:14s} {b / 1e6:12.3f} MB" for cat, b in e.reads.items() if b or cat != STATE),
         f"  FLOPs per {per:5s}  {e.flops / 1e9:12.3f} GFLOP "
         f"({e.flops / e.bytes_per_token:.2f} FLOP/byte)",
     ]

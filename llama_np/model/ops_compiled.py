@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from bench.meter import WAITS
+from bench.meter import ATTN, KV, MLP, NORMS, WAITS
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
@@ -27,11 +27,11 @@ from quant.compiled.weights import CompiledMatrix, f32_stack_into
 
 INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
 # the meter's category of what each phase of decode_blocks reads (step_seconds)
-PHASE_CATEGORY = {"qkv": "attn_weights", "attention": "kv_cache", "o": "attn_weights",
-                  "o residual": "norms", "gate_up": "mlp_weights", "down": "mlp_weights",
-                  "down residual": "norms", "router": "mlp_weights",
-                  "experts gate_up": "mlp_weights", "experts down": "mlp_weights",
-                  "experts add": "norms"}  # fmt: skip
+PHASE_CATEGORY = {"qkv": ATTN, "attention": KV, "o": ATTN,
+                  "o residual": NORMS, "gate_up": MLP, "down": MLP,
+                  "down residual": NORMS, "router": MLP,
+                  "experts gate_up": MLP, "experts down": MLP,
+                  "experts add": NORMS}  # fmt: skip
 # tokens at most whose experts run as (token, expert) pairs (quant.compiled.experts); more
 # (a prompt): one batch product per chosen expert, its tokens' rows (igemm's panels)
 PAIRED = 64
@@ -247,7 +247,7 @@ class CompiledOps(NumpyOps):
     def step_seconds(self) -> dict[str, float]:
         """The last one-call decode step's time by its phases' own timers (team.py): the
         threads' work per phase, summed by the meter's category of what the phase reads
-        (the residual adds under "norms"), and their waits at the phases' barriers."""
+        (the residual adds under NORMS), and their waits at the phases' barriers."""
         sync, threads, moe = self.last_step
         work, waits = team.phase_seconds(sync, threads)
         names = layers.MOE_PHASE_NAMES if moe else layers.PHASE_NAMES

@@ -10,7 +10,7 @@ from time import perf_counter
 
 import numpy as np
 
-from bench.meter import Meter
+from bench.meter import ATTN, EMBEDDING, KV, MLP, NORMS, STATE, Meter
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary
@@ -28,7 +28,7 @@ class Seam:
 
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens`, times the family's scale: (T,) -> (T, dim)"""
-        self.meter.read("embedding", len(tokens) * table.row_nbytes)
+        self.meter.read(EMBEDDING, len(tokens) * table.row_nbytes)
         x = table.rows(tokens)
         if self.config.embed_scale != 1.0:
             x *= np.float32(self.config.embed_scale)
@@ -39,7 +39,7 @@ class Seam:
     ) -> np.ndarray:
         """rmsnorm(x) @ W.T (+ bias), x @ W.T where the family has no norm: (T, dim) ->
         (T, rows)"""
-        self.meter.read("norms", nbytes(norm))
+        self.meter.read(NORMS, nbytes(norm))
         self.meter.read(category, w.nbytes)
         y = self.ops.norm_linear(x, norm, self.eps, w)
         if bias is not None:
@@ -52,20 +52,20 @@ class Seam:
     ) -> np.ndarray:
         """q and k normed, RoPE, the cache append, attention: (T, q_dim + 2 kv_dim) ->
         (T, q_dim)"""
-        self.meter.read("norms", nbytes(qk.q, qk.k))
-        self.meter.read("kv_cache", span.read_nbytes)
-        self.meter.write("kv_cache", span.write_nbytes)
+        self.meter.read(NORMS, nbytes(qk.q, qk.k))
+        self.meter.read(KV, span.read_nbytes)
+        self.meter.write(KV, span.write_nbytes)
         return self.ops.attention(self.config, qkv, cache, layer, rot, span, qk)
 
     def recurrent(self, h: np.ndarray, states: list, mixer) -> np.ndarray:
         """A recurrent mixer on its input projection's rows (T tokens of one sequence, or
         one token of each of B sequences): records its own weights, its norm, and each
         sequence's state read and written whole. (T, in) -> (T, the columns of its wo)"""
-        self.meter.read("attn_weights", nbytes(*mixer.weights()))
-        self.meter.read("norms", nbytes(mixer.norm))
+        self.meter.read(ATTN, nbytes(*mixer.weights()))
+        self.meter.read(NORMS, nbytes(mixer.norm))
         for s in states:
-            self.meter.read("state", s.nbytes)
-            self.meter.write("state", s.nbytes)
+            self.meter.read(STATE, s.nbytes)
+            self.meter.write(STATE, s.nbytes)
         return self.ops.recurrent(self.config, h, states, mixer)
 
     def attention_batch(
@@ -74,10 +74,10 @@ class Seam:
     ) -> np.ndarray:  # fmt: skip
         """One token of each of B sequences, each attending to its own cache:
         (B, q_dim + 2 kv_dim) -> (B, q_dim)"""
-        self.meter.read("norms", nbytes(qk.q, qk.k))
+        self.meter.read(NORMS, nbytes(qk.q, qk.k))
         for span in spans:
-            self.meter.read("kv_cache", span.read_nbytes)
-            self.meter.write("kv_cache", span.write_nbytes)
+            self.meter.read(KV, span.read_nbytes)
+            self.meter.write(KV, span.write_nbytes)
         return self.ops.attention_batch(self.config, qkv, caches, layer, rots, spans, qk)
 
     def decode_blocks(
@@ -118,14 +118,14 @@ class Seam:
         for category, n in reads.items():
             self.meter.read(category, n)
         every = [span for layers in spans for span in layers]
-        self.meter.read("kv_cache", sum(span.read_nbytes for span in every))
-        self.meter.write("kv_cache", sum(span.write_nbytes for span in every))
+        self.meter.read(KV, sum(span.read_nbytes for span in every))
+        self.meter.write(KV, sum(span.write_nbytes for span in every))
 
     def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
         """A mixture of experts' MLP: x + scale * post_norm(sum over each token's k experts
         of weight * expert(rmsnorm(x))), the router's choice; records the router and each
         expert read once however many tokens it serves (the step's union), and how many."""
-        self.meter.read("norms", nbytes(norm, post.norm))
+        self.meter.read(NORMS, nbytes(norm, post.norm))
         x, sel = self.ops.moe(self.config, x, norm, self.eps, experts, post)
         self._experts_read(experts, sel)
         return x
@@ -134,14 +134,14 @@ class Seam:
         """A mixture of experts' router, and each expert of the choices `sel` once."""
         used = np.unique(sel)
         read = sum(experts.gate_up[e].nbytes + experts.down[e].nbytes for e in used)
-        self.meter.read("mlp_weights", experts.router.nbytes + int(read))
+        self.meter.read(MLP, experts.router.nbytes + int(read))
         self.meter.experts(len(used))
 
     def linear_add(
         self, x: np.ndarray, w: Matrix, inp: np.ndarray, category: str, post: Residual
     ) -> np.ndarray:
         """x + scale * post_norm(inp @ W.T) (the residual stream after a product)"""
-        self.meter.read("norms", nbytes(post.norm))
+        self.meter.read(NORMS, nbytes(post.norm))
         self.meter.read(category, w.nbytes)
         return self.ops.linear_add(x, w, inp, post)
 
@@ -150,7 +150,7 @@ class Seam:
     ) -> np.ndarray:
         """x + scale * post_norm(act(gate) * up @ W.T) for gate_up = [gate | up] (act:
         SiLU or GELU-tanh, as the family's MLP)"""
-        self.meter.read("norms", nbytes(post.norm))
+        self.meter.read(NORMS, nbytes(post.norm))
         self.meter.read(category, w.nbytes)
         return self.ops.gated_linear_add(x, w, gate_up, self.config.mlp_act, post)
 
@@ -180,7 +180,7 @@ class Profiled(Seam):
     def embed(self, table: Weight, tokens: np.ndarray) -> np.ndarray:
         t0 = perf_counter()
         out = super().embed(table, tokens)
-        self.meter.lap("embedding", t0)
+        self.meter.lap(EMBEDDING, t0)
         return out
 
     def norm_linear(
@@ -196,7 +196,7 @@ class Profiled(Seam):
     ) -> np.ndarray:
         t0 = perf_counter()
         out = super().attention(qkv, cache, layer, rot, span, qk)
-        self.meter.lap("kv_cache", t0)
+        self.meter.lap(KV, t0)
         return out
 
     def linear_add(
@@ -218,11 +218,11 @@ class Profiled(Seam):
     def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
         t0 = perf_counter()
         out = super().moe(x, norm, experts, post)
-        self.meter.lap("mlp_weights", t0)
+        self.meter.lap(MLP, t0)
         return out
 
     def recurrent(self, h: np.ndarray, states: list, mixer) -> np.ndarray:
         t0 = perf_counter()
         out = super().recurrent(h, states, mixer)
-        self.meter.lap("state", t0)
+        self.meter.lap(STATE, t0)
         return out

@@ -14,16 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.meter import Meter
+from bench.meter import ATTN, HEAD, MLP, NORMS, Meter
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, rope_inv_freq, rope_scale
 from llama_np.model.seam import Profiled, Seam
 from quant import Matrix
 from quant.backends import Backend, Running, numpy_backend
-
-# the meter's categories of the weights a product reads
-ATTN, MLP, HEAD = "attn_weights", "mlp_weights", "lm_head"
 
 
 def ops_for(backend: Backend) -> NumpyOps:
@@ -300,7 +297,7 @@ class Transformer:
         what `_blocks`' seam calls record one by one in a decode step."""
         reads: Counter[str] = Counter()
         for l in self.weights.layers:
-            reads["norms"] += sum(v.nbytes for v in l.vectors())
+            reads[NORMS] += sum(v.nbytes for v in l.vectors())
             reads[ATTN] += l.matrices()[0].nbytes + l.wo.nbytes
             reads[ATTN] += sum(v.nbytes for v in l.mixer_weights())
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes

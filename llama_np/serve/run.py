@@ -7,11 +7,12 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 import uvicorn
 
 from bench.probe import load_probe
-from llama_np.cli.commands import load_model
+from llama_np.api import LLM
 from llama_np.errors import UsageError
 from llama_np.model.kvcache import check_batch_fits
 from llama_np.serve.app import Server as Shared
@@ -57,9 +58,11 @@ def run_http(server: uvicorn.Server, sock: socket.socket, engine: Engine) -> Non
         engine.stop()  # a server that failed to start must not leave the loop waiting
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, load: Callable[[], LLM]) -> int:
+    """`llama-np serve`: listen first (a port taken is said before the model loads), then
+    `load()` the model and run the engine loop on this thread, uvicorn on another."""
     sock = bind(args.host, args.port)
-    llm = load_model(args)
+    llm = load()
     with llm:
         ctx = min(args.ctx_size or 2048, llm.config.max_seq_len)
         window = args.window  # None: the model's own, per layer
