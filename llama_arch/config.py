@@ -5,12 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Architectures the engine runs (config.json's model_type; gemma3_text is gemma3); the
-# speed-of-light model reads any llama-family shape (mixtral's experts, cohere's tied head, ...).
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-             "olmo3", "granite", "mixtral", "qwen3_moe", "olmoe", "granitemoe", "qwen3_5",
-             "lfm2")  # fmt: skip
-MOE = ("mixtral", "qwen3_moe", "olmoe", "granitemoe")  # the mixtures of experts among them
+from .families import MOE, SUPPORTED  # noqa: F401  (the engine's families: families.py)
 
 
 class ConfigError(ValueError):

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import (
-    MOE,
-    SUPPORTED,
     Config,
     ConfigError,
     DeltaNet,
     RopeScaling,
     UnsupportedModel,
 )
+from .families import FAMILIES, MOE, SUPPORTED
 
 _MAX_DIM = 1 << 17
 _MAX_LAYERS = 1024
@@ -476,22 +475,11 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     )
 
 
-HF_CLASSES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "granite": "GraniteForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
-    "granitemoe": "GraniteMoeForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
-    "lfm2": "Lfm2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-}  # fmt: skip
-
-
 def config_to_hf(c: Config) -> dict[str, Any]:
     """The config.json of a Config (for checkpoints written from a GGUF file): what
     config_from_hf reads back into the same Config."""
     d: dict[str, Any] = {
-        "architectures": [HF_CLASSES.get(c.arch, "LlamaForCausalLM")],
+        "architectures": [FAMILIES[c.arch].hf_class if c.arch in FAMILIES else "LlamaForCausalLM"],
         "model_type": {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(c.arch, c.arch),
         "hidden_size": c.dim,
         "num_hidden_layers": c.n_layers,

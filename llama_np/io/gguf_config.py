@@ -20,16 +20,9 @@ from typing import Any
 import numpy as np
 
 from llama_arch import Config, config_from_hf
+from llama_arch.families import FAMILIES, GGUF_ARCHITECTURES, MOE, family_of_gguf
 from llama_np.errors import LlamaNpError, UsageError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2",
-                 "granite", "qwen3moe", "olmoe", "granitemoe", "qwen35", "lfm2")  # fmt: skip
-# a GGUF architecture's config.json model_type (olmo2 with sliding layers: olmo3)
-MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5"}
-# (llama with experts: mixtral)
-# llama.cpp's rope type NORM: its converter permutes Q and K rows for adjacent-pair RoPE,
-# which the loader undoes (this engine turns halves)
-PERMUTED = ("llama", "mistral", "mixtral", "smollm3", "granite", "granitemoe")
 EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 LAYER_TENSORS = {  # GGUF tensor -> Hugging Face, the same in every family
@@ -77,10 +70,6 @@ GLOBAL_TENSORS = {
 LFM2_GLOBAL = {"token_embd_norm.weight": "model.embedding_norm.weight"}  # its final norm
 
 
-# a family's GGUF architecture, where its model_type differs
-GGUF_ARCH = {"qwen3_5": "qwen35", "olmo3": "olmo2", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
-
-
 def layer_names(arch: str) -> dict[str, str]:
     """A family's GGUF layer tensor -> Hugging Face name (one each way), by its GGUF
     architecture."""
@@ -98,7 +87,7 @@ def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
     """HF name of a GGUF tensor, and the head count to un-permute its rows by (Q and K of
     the NORM-rope families); (None, None) for a tensor the model does not use (a Qwen3.5
     file's multi-token-prediction layer, past n_layers, among them)."""
-    arch = GGUF_ARCH.get(c.arch, c.arch)
+    arch = FAMILIES[c.arch].gguf
     if name in global_tensors(arch):
         return global_tensors(arch)[name], None
     parts = name.split(".")
@@ -113,7 +102,7 @@ def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
     layer = len(parts) == 4 and parts[3] in ("weight", "bias")
     if layer and parts[2] in names:
         heads = None
-        if c.arch in PERMUTED:
+        if FAMILIES[c.arch].permuted:
             heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}.get(parts[2])
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}", heads
     return None, None
@@ -130,7 +119,7 @@ def expert_tensor(name: str) -> tuple[str, str] | None:
 
 def gguf_name(hf: str, c: Config) -> str:
     """The GGUF name of a tensor the model needs, by its HF name (for messages)."""
-    arch = GGUF_ARCH.get(c.arch, c.arch)
+    arch = FAMILIES[c.arch].gguf
     reverse = {v: k for k, v in global_tensors(arch).items()}
     if hf in reverse:
         return reverse[hf]
@@ -184,14 +173,14 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     architecture or a mixture of experts the engine does not run, before any weight."""
     arch = meta.get("general.architecture", str)
     a = arch + "."
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise UsageError(f"{meta.path}: unsupported GGUF architecture {arch!r} (supported: "
-                         f"{', '.join(ARCHITECTURES)})")  # fmt: skip
+                         f"{', '.join(GGUF_ARCHITECTURES)})")  # fmt: skip
     experts = meta.get(a + "expert_count", int, 0)
-    if experts > 1 and arch not in ("llama", "qwen3moe", "olmoe", "granitemoe"):
+    if experts > 1 and arch not in {FAMILIES[m].gguf for m in MOE}:
         raise UsageError(
             f"{meta.path}: a mixture of experts ({a}expert_count = {experts}) "
-            f"is not supported for {arch} (supported: {', '.join(ARCHITECTURES)})"
+            f"is not supported for {arch} (supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
     dim = meta.get(a + "embedding_length", int)
     n_heads = meta.get(a + "attention.head_count", int)
@@ -200,7 +189,7 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     embed = tensors.get("token_embd.weight")
     n_vocab = int(embed.shape[-1]) if embed is not None else (
         len(tokens.data) if tokens is not None else ...)  # fmt: skip
-    model_type = "mixtral" if arch == "llama" and experts > 1 else MODEL_TYPES.get(arch, arch)
+    model_type = "mixtral" if arch == "llama" and experts > 1 else family_of_gguf(arch)
     hf: dict[str, Any] = {
         "model_type": model_type,
         "hidden_size": dim,
@@ -219,7 +208,7 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id", int, None),
     }
     hf |= _rope(meta, a, head_dim)
-    hf |= FAMILIES.get(arch, lambda *_: {})(meta, a, hf, tensors)
+    hf |= READERS.get(arch, lambda *_: {})(meta, a, hf, tensors)
     if experts > 1:
         hf |= _experts(meta, a, experts, tensors)
     c = config_from_hf(hf, name)
@@ -390,6 +379,6 @@ def _lfm2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
             "block_auto_adjust_ff_dim": False, "norm_eps": hf["rms_norm_eps"]}  # fmt: skip
 
 
-FAMILIES = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
+READERS = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
             "granitemoe": _granite, "smollm3": _smollm3, "qwen3": _qwen3, "qwen3moe": _qwen3,
             "olmo2": _olmo2, "qwen35": _qwen35, "lfm2": _lfm2}  # fmt: skip

@@ -8,6 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from llama_arch import MIXER_VECTORS, Config, layer_matrices, layer_vectors
+from llama_arch.families import FAMILIES
 from llama_np.errors import LlamaNpError
 from llama_np.model.transformer import ConvMixer, DeltaMixer, Experts, Layer, Weights
 from quant import Matrix, Weight, arena, stack_rows
@@ -111,11 +112,6 @@ def role_shape(shapes: dict[str, tuple[int, ...]], role: str) -> tuple[int, ...]
     return shapes[role.split(".")[0]]
 
 
-# transformers' RMSNorm as x * (1 + w): Gemma's, Qwen3.5's (but for its delta net's output
-# norm, x * w)
-NORM_PLUS_ONE = ("gemma2", "gemma3", "qwen3_5")
-
-
 def hf_norms(c: Config, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """A Hugging Face checkpoint's norm weights as the forward pass multiplies by them:
     Gemma's and Qwen3.5's stored w as 1 + w (in float32, as transformers adds them;
@@ -126,7 +122,8 @@ def hf_norms(c: Config, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         if name.endswith("linear_attn.A_log"):
             out[name.removesuffix("_log")] = -np.exp(np.asarray(t, np.float32))
             del out[name]
-        plus_one = c.arch in NORM_PLUS_ONE and not name.endswith("linear_attn.norm.weight")
+        # Qwen3.5's delta net's output norm is x * w, its others x * (1 + w)
+        plus_one = FAMILIES[c.arch].norm_plus_one and not name.endswith("linear_attn.norm.weight")
         if plus_one and name.endswith("norm.weight") and isinstance(t, np.ndarray):
             out[name] = np.float32(1) + np.asarray(t, np.float32)
     return out
