@@ -372,6 +372,9 @@ class NumpyOps:
             mask = causal_mask(positions, view.positions, cache.windows[layer])  # (T, L)
         return attention(q, view.k, view.v, mask, c.attn_scale, c.attn_softcap)
 
+    def forget(self) -> None:
+        """Drop what was made once from a model's weights (Transformer.weights_changed)."""
+
     def recurrent(self, c: Config, h: np.ndarray, states: list, mixer) -> np.ndarray:
         """A recurrent mixer (a gated delta net, a short convolution) on the rows of its
         input projection h: T tokens of one sequence (one state), or one token of each of

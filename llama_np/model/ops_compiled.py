@@ -211,6 +211,9 @@ class CompiledOps(NumpyOps):
         self.last_step: tuple[np.ndarray, int, bool] | None = None
         self._heads: np.ndarray | None = None  # a delta net's key head of each value head
 
+    def forget(self) -> None:
+        self._blocks, self._tables = None, {}
+
     def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""

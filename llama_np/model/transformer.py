@@ -230,6 +230,12 @@ class Transformer:
 
     WARM_UP_STAGES = 2  # stages warm_up reports for one sequence
 
+    def weights_changed(self) -> None:
+        """Say that matrices of `weights` were replaced in place: what was made from them
+        once (the one-call step's tables of operands, the blocks' bytes) is made again."""
+        self.ops.forget()
+        self.__dict__.pop("block_reads", None)
+
     @property
     def seam(self) -> Seam:
         """Where the forward pass calls the kernels (timed when the meter profiles)."""
