@@ -190,14 +190,20 @@ def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
     return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
 
 
+def taps(conv: np.ndarray, kernel: int) -> np.ndarray:
+    """A depthwise convolution's weights, stored (channels, kernel), as the mixers take
+    them: (kernel, channels), each tap's row contiguous along the channels."""
+    return np.ascontiguousarray(vector(conv).reshape(-1, kernel).T)
+
+
 def mixer_of(c: Config, m: dict) -> DeltaMixer | ConvMixer | None:
     """A layer's recurrent mixer from its tensors by role (None: it attends)."""
     if "d_in" in m:
         kernel = c.delta.kernel
-        return DeltaMixer(m["d_in"], vector(m["conv"]).reshape(-1, kernel), vector(m["dt_bias"]),
+        return DeltaMixer(m["d_in"], taps(m["conv"], kernel), vector(m["dt_bias"]),
                           vector(m["a"]), vector(m["d_norm"]))  # fmt: skip
     if "c_in" in m:
-        return ConvMixer(m["c_in"], vector(m["conv"]).reshape(-1, c.conv_kernel))
+        return ConvMixer(m["c_in"], taps(m["conv"], c.conv_kernel))
     return None
 
 

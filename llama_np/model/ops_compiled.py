@@ -372,7 +372,7 @@ class CompiledOps(NumpyOps):
             x = np.ascontiguousarray(x)
             y = out if len(states) == 1 else out[b : b + 1]
             if mixer.kind == "conv":
-                recurrent.short_conv(x, state.conv, mixer.conv, y)
+                recurrent.short_conv(x, state.conv, mixer.conv, np.empty_like(y), y)
                 continue
             d = c.delta
             recurrent.delta_net(x, state.conv, state.s, mixer.conv, mixer.dt_bias, mixer.a,

@@ -50,13 +50,13 @@ def l2norm(x: np.ndarray) -> np.ndarray:
 def causal_conv(u: np.ndarray, past: np.ndarray, w: np.ndarray) -> np.ndarray:
     """A depthwise causal convolution of u (T, C) continuing `past` (K - 1, C), the last
     inputs before it (oldest first; updated in place to the newest K - 1): out[t, c] =
-    sum_j w[c, j] * u'[t + j, c] over u' = past then u, so w[:, K - 1] multiplies the
-    newest. w (C, K) -> (T, C)"""
-    t, k = u.shape[0], w.shape[1]
+    sum_j w[j, c] * u'[t + j, c] over u' = past then u, so w[K - 1] multiplies the
+    newest. w (K, C) -> (T, C)"""
+    t, k = u.shape[0], w.shape[0]
     seq = np.concatenate([past, u])  # (K - 1 + T, C)
-    out = seq[0:t] * w[:, 0]
+    out = seq[0:t] * w[0]
     for j in range(1, k):
-        out += seq[j : j + t] * w[:, j]
+        out += seq[j : j + t] * w[j]
     past[...] = seq[t:]
     return out
 

@@ -53,7 +53,7 @@ class DeltaMixer:
 
     kind = "delta"  # (Config.mixer)
     w_in: Matrix  # (conv_dim + value_dim + 2 v_heads, dim): q, k, v | z | b | a
-    conv: np.ndarray  # (conv_dim, kernel): tap kernel - 1 multiplies the newest input
+    conv: np.ndarray  # (kernel, conv_dim): tap kernel - 1 multiplies the newest input
     dt_bias: np.ndarray  # (v_heads,)
     a: np.ndarray  # (v_heads,): -exp(A_log), the decay rates
     norm: np.ndarray  # (v_dim,): the output's RMSNorm, gated by silu(z)
@@ -71,7 +71,7 @@ class ConvMixer:
     kind = "conv"  # (Config.mixer)
     norm = None  # no norm of its own
     w_in: Matrix  # (3 dim, dim): B, C, x
-    conv: np.ndarray  # (dim, kernel)
+    conv: np.ndarray  # (kernel, dim)
 
     def weights(self) -> list[np.ndarray]:
         return [self.conv]

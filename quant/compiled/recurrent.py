@@ -29,25 +29,52 @@ def softplus(x):
     return max(x, np.float32(0)) + np.log1p(exp_neg(-abs(x)))
 
 
+@kernel(inline=True)
+def conv_rows(u, state, w, t, c0, c1, out):
+    """out[c0:c1] = the causal convolution of token t over channels c0:c1: taps j of w (K,
+    C) times input t + j - (K - 1), a row of u (T, >= C) or, before it, of the state (K - 1,
+    C), oldest first. Each tap a loop along the channels, contiguous: it vectorizes."""
+    k = w.shape[0]
+    for c in range(c0, c1):
+        out[c] = w[k - 1, c] * u[t, c]
+    for j in range(k - 1):
+        i = t + j - (k - 1)
+        if i >= 0:
+            for c in range(c0, c1):
+                out[c] += w[j, c] * u[i, c]
+        else:
+            for c in range(c0, c1):
+                out[c] += w[j, c] * state[i + k - 1, c]
+
+
+@kernel(inline=True)
+def shift_state(u, state, t_n, c0, c1):
+    """The state's channels c0:c1 become the last K - 1 inputs, u's rows after its own:
+    ascending, row j reads row j + T of the old state before a later row is written."""
+    for j in range(state.shape[0]):
+        i = t_n + j - state.shape[0]
+        if i >= 0:
+            for c in range(c0, c1):
+                state[j, c] = u[i, c]
+        else:
+            for c in range(c0, c1):
+                state[j, c] = state[i + state.shape[0], c]
+
+
 @kernel(parallel=True)
 def delta_conv(h, state, w, out):
     """The causal depthwise convolution of a delta net over q, k and v, then SiLU:
     h (T, >= C) the input projection's rows, whose first C columns it convolves; state
-    (K - 1, C) updated to the last K - 1 inputs; w (C, K); out (T, C)."""
-    t_n, c_n, k = h.shape[0], w.shape[0], w.shape[1]
+    (K - 1, C) updated to the last K - 1 inputs; w (K, C); out (T, C)."""
+    t_n, c_n = h.shape[0], w.shape[1]
     for b in prange((c_n + BLOCK - 1) // BLOCK):
         c0, c1 = b * BLOCK, min(c_n, (b + 1) * BLOCK)
         for t in range(t_n):
+            row = out[t]
+            conv_rows(h, state, w, t, c0, c1, row)
             for c in range(c0, c1):
-                acc = np.float32(0)
-                for j in range(k):
-                    i = t + j - (k - 1)
-                    acc += w[c, j] * (h[i, c] if i >= 0 else state[i + k - 1, c])
-                out[t, c] = acc * sigmoid(acc)
-        for j in range(k - 1):  # the new state, ascending: row j reads an older row j + T
-            i = t_n + j - (k - 1)
-            for c in range(c0, c1):
-                state[j, c] = h[i, c] if i >= 0 else state[i + k - 1, c]
+                row[c] = row[c] * sigmoid(row[c])
+        shift_state(h, state, t_n, c0, c1)
 
 
 @kernel(parallel=True)
@@ -124,29 +151,26 @@ def delta_net(h, state_conv, state_s, conv_w, dt_bias, a, norm, eps, heads, k_he
     """A delta net's mixing of T tokens of one sequence (llama_np.model.recurrent.delta_net):
     the convolution, q and k L2-normed, the delta rule and the gated norm, into out (T,
     value_dim)."""
-    qkv = np.empty((h.shape[0], conv_w.shape[0]), np.float32)
+    qkv = np.empty((h.shape[0], conv_w.shape[1]), np.float32)
     delta_conv(h, state_conv, conv_w, qkv)
     l2_heads(qkv, k_heads, k_dim, np.float32(1 / np.sqrt(k_dim)))
     delta_rule(h, qkv, state_s, dt_bias, a, norm, np.float32(eps), heads, k_heads, k_dim, out)
 
 
 @kernel(parallel=True)
-def short_conv(h, state, w, out):
+def short_conv(h, state, w, bx, out):
     """LFM2's short convolution of T tokens of one sequence: h (T, 3 dim) = B, C, x; out
     (T, dim) = C * conv(B * x); state (K - 1, dim), the last K - 1 values of B * x, updated;
-    w (dim, K)."""
-    t_n, dim, k = h.shape[0], w.shape[0], w.shape[1]
+    w (K, dim); bx (T, dim): scratch for B * x."""
+    t_n, dim = h.shape[0], w.shape[1]
     for b in prange((dim + BLOCK - 1) // BLOCK):
         c0, c1 = b * BLOCK, min(dim, (b + 1) * BLOCK)
         for t in range(t_n):
             for c in range(c0, c1):
-                acc = np.float32(0)
-                for j in range(k):
-                    i = t + j - (k - 1)
-                    bx = h[i, c] * h[i, 2 * dim + c] if i >= 0 else state[i + k - 1, c]
-                    acc += w[c, j] * bx
-                out[t, c] = h[t, dim + c] * acc
-        for j in range(k - 1):
-            i = t_n + j - (k - 1)
+                bx[t, c] = h[t, c] * h[t, 2 * dim + c]
+        for t in range(t_n):
+            row = out[t]
+            conv_rows(bx, state, w, t, c0, c1, row)
             for c in range(c0, c1):
-                state[j, c] = h[i, c] * h[i, 2 * dim + c] if i >= 0 else state[i + k - 1, c]
+                row[c] *= h[t, dim + c]
+        shift_state(bx, state, t_n, c0, c1)
