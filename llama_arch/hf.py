@@ -412,6 +412,8 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     False reads any llama-family shape (for the speed-of-light model)."""
     if not isinstance(d, dict):
         raise ConfigError("config: config.json must hold a JSON object")
+    if not isinstance(d.get("model_type", ""), str):
+        raise ConfigError(f"config: model_type must be a string, got {d['model_type']!r}")
     if d.get("model_type") == "gemma3_text":
         d = {**GEMMA3_TEXT, **d, "model_type": "gemma3"}
     elif d.get("model_type") == "qwen3_5_text":

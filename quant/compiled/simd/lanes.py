@@ -218,6 +218,16 @@ def _hsum(builder, v):
     return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
+def _fma(builder, a, b, c):
+    """a * b + c rounded once (llvm.fma), whatever the optimizer would contract."""
+    vt = a.type
+    name = f"llvm.fma.v{vt.count}f32"
+    fn = builder.module.globals.get(name) or ir.Function(
+        builder.module, ir.FunctionType(vt, [vt] * 3), name
+    )
+    return builder.call(fn, [a, b, c])
+
+
 def _rows_fma_n(kind: str, rows: int):
     unroll = 2 if rows == 1 else 1  # 16-lane sums per row and vector
 
@@ -230,7 +240,9 @@ def _rows_fma_n(kind: str, rows: int):
         row) in one masked step, then each sum's lanes added as a tree. One row keeps two
         sums of 16 lanes, alternate columns' (8 chains of FMAs for 4 vectors, where 4 would
         wait on the FMA's latency). Each row's and vector's sum is the same whichever
-        vectors are beside it. (A loop of one-row calls left the accumulators in memory,
+        vectors are beside it: each step an explicit fused multiply-add (llvm.fma), where
+        an fmul and fadd allowed to contract were fused for some vectors and not others on
+        AVX2 (16-bit weights, Zen 3). (A loop of one-row calls left the accumulators in memory,
         a load and a store around every FMA, read in the assembly; and a scalar loop over
         the last columns summed them in a different order for 4 vectors than for 1, LLVM
         vectorizing the other way.)"""
@@ -262,9 +274,8 @@ def _rows_fma_n(kind: str, rows: int):
                     for i in range(rows):
                         lanes = _masked(builder, builder.gep(wrows[i], [at]), kind, mask)
                         for k in range(n):
-                            product = builder.fmul(lanes, xs[k], flags=["contract"])
                             a = accs[(u * rows + i) * n + k]
-                            new.append(builder.fadd(a, product, flags=["contract"]))
+                            new.append(_fma(builder, lanes, xs[k], a))
                 return new
 
             span = LANES * unroll
