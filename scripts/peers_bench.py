@@ -80,6 +80,49 @@ def ours_batch(llm, pp: int, tg: int, batch: int, rng: np.random.Generator) -> f
     return batch * tg / (time.perf_counter() - t0)
 
 
+def compare(path: str, threads: int, rounds: int, prompt: int = 512, gen: int = 64,
+            batches: tuple[int, ...] = (16,), pp: int = 128, tg: int = 32) -> dict:  # fmt: skip
+    """Interleaved rounds of both engines on one file: {"runs": name -> tok/s per round,
+    "medians": name -> median} for "llama.cpp pp" / "llama-np pp", tg and each "B=b"."""
+    rng = np.random.default_rng(0)
+    runs: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+
+    with llama_np.load(path, threads=threads) as llm:
+        llm.model.warm_up("f32", list(batches))
+        for r in range(rounds):
+            for k, v in llama_bench(path, threads, prompt, gen).items():
+                add(f"llama.cpp {k}", v)
+            for k, v in ours_one(llm, prompt, gen, rng).items():
+                add(f"llama-np {k}", v)
+            for b in batches:
+                add(f"llama.cpp B={b}", batched_bench(path, threads, pp, tg, b))
+                add(f"llama-np B={b}", ours_batch(llm, pp, tg, b, rng))
+            print(f"peers_bench.py: round {r + 1} of {rounds} done", file=sys.stderr)
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    return {"model": path, "threads": threads, "rounds": rounds, "prompt": prompt, "gen": gen,
+            "batches": list(batches), "pp": pp, "tg": tg, "runs": runs, "medians": medians}  # fmt: skip
+
+
+def table(d: dict) -> str:
+    """A compare() result as a markdown table: tok/s medians (min-max) and the ratio."""
+    out = ["| work | llama-np tok/s | llama.cpp tok/s | ratio |", "|---|---:|---:|---:|"]
+    names = {"pp": f"prefill of {d['prompt']} (llama-bench pp)",
+             "tg": f"decode of {d['gen']} (llama-bench tg)"}  # fmt: skip
+    for what in ["pp", "tg", *(f"B={b}" for b in d["batches"])]:
+        cells = []
+        for engine in ("llama-np", "llama.cpp"):
+            v = d["runs"][f"{engine} {what}"]
+            cells.append(f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})")
+        ratio = d["medians"][f"llama-np {what}"] / d["medians"][f"llama.cpp {what}"]
+        label = names.get(what, f"{what}: {d['tg']} steps after {d['pp']} tokens each "
+                                "(llama-batched-bench S_TG)")  # fmt: skip
+        out.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a GGUF file")
@@ -92,35 +135,12 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
-    batches = [int(b) for b in a.batch.split(",") if b]
-    rng = np.random.default_rng(0)
-    runs: dict[str, list[float]] = {}
-
-    def add(name: str, value: float) -> None:
-        runs.setdefault(name, []).append(value)
-
-    with llama_np.load(a.model, threads=a.threads) as llm:
-        llm.model.warm_up("f32", batches)
-        for r in range(a.rounds):
-            for k, v in llama_bench(a.model, a.threads, a.prompt, a.gen).items():
-                add(f"llama.cpp {k}", v)
-            for k, v in ours_one(llm, a.prompt, a.gen, rng).items():
-                add(f"llama-np {k}", v)
-            for b in batches:
-                add(f"llama.cpp B={b}", batched_bench(a.model, a.threads, a.pp, a.tg, b))
-                add(f"llama-np B={b}", ours_batch(llm, a.pp, a.tg, b, rng))
-            print(f"peers_bench.py: round {r + 1} of {a.rounds} done", file=sys.stderr)
-    medians = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"{Path(a.model).name}, {a.threads} threads, medians of {a.rounds} rounds (tok/s):")
-    for what in ["pp", "tg", *(f"B={b}" for b in batches)]:
-        ours, theirs = medians[f"llama-np {what}"], medians[f"llama.cpp {what}"]
-        print(
-            f"  {what:6s} llama-np {ours:9.1f}  llama.cpp {theirs:9.1f}  ratio {ours / theirs:.2f}"
-        )
+    batches = tuple(int(b) for b in a.batch.split(",") if b)
+    d = compare(a.model, a.threads, a.rounds, a.prompt, a.gen, batches, a.pp, a.tg)
+    print(f"{Path(a.model).name}, {a.threads} threads, medians of {a.rounds} rounds:")
+    print(table(d))
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "threads": a.threads,
-                                            "prompt": a.prompt, "gen": a.gen, "runs": runs,
-                                            "medians": medians}, indent=1))  # fmt: skip
+        Path(a.json).write_text(json.dumps(d, indent=1))
 
 
 if __name__ == "__main__":

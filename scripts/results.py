@@ -34,7 +34,7 @@ from quant.host import usable_cores
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "families",
-            "moe", "perplexity", "published"]  # fmt: skip
+            "hybrids", "moe", "perplexity", "published"]  # fmt: skip
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
 
@@ -255,6 +255,77 @@ def render_families(data: dict, plots: Path) -> str:
     return "\n".join(out + peer_tables(data["peers"]))
 
 
+# the hybrids beside the llama path; the depth sweep against a llama of the same width and
+# depth; the files llama.cpp runs beside llama-np (scripts/peers_bench.py)
+HYBRID_PRESETS = ["smollm2-360m", "qwen3.5-2b", "lfm2-1.2b"]
+HYBRID_DEPTHS, HYBRID_DEEP = (0, 16384), ["qwen3.5-2b", "smollm2-1.7b"]
+HYBRID_PEERS = ["qwen3.5-0.8b", "qwen3.5-2b", "lfm2-1.2b"]
+
+
+def measure_hybrids(ctx: argparse.Namespace) -> dict:
+    """The hybrids' presets (random weights, q8_0 and q4_0) one sequence at a time against
+    their speed of light beside the llama path; decode at 16k keys against 0 for Qwen3.5-2B
+    and a llama of its width and depth; llama-np against llama.cpp's llama-bench and
+    llama-batched-bench on Q8_0 and Q4_K_M files at real shapes."""
+    import families
+    import peers_bench
+
+    rows, deep, probe = [], [], ctx.probe
+    settings = validate_sol.Settings(8, 16, (0,), 3)
+    for preset in HYBRID_PRESETS[:2] if ctx.quick else HYBRID_PRESETS:
+        sw = validate_sol.Sweep(f"synthetic:{preset}", "numba", ["q8_0", "q4_0"], (0,))
+        for weights in sw.weights:
+            got, probe = validate_sol.sweep(sw, weights, settings, probe, ctx.threads)
+            rows += got
+    for preset in HYBRID_DEEP:
+        sw = validate_sol.Sweep(f"synthetic:{preset}", "numba", ["q8_0"], HYBRID_DEPTHS)
+        got, probe = validate_sol.sweep(sw, "q8_0", validate_sol.Settings(8, 16, HYBRID_DEPTHS, 3),
+                                        probe, ctx.threads)  # fmt: skip
+        deep += got
+    peers = {}
+    for preset in HYBRID_PEERS[:1] if ctx.quick else HYBRID_PEERS:
+        for kind, path in families.make(preset).items():
+            peers[f"{preset} {kind}"] = peers_bench.compare(
+                str(path), ctx.threads, 2 if ctx.quick else 3, batches=(1, 16)
+            )
+    return {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows],
+            "deep": [dataclasses.asdict(r) for r in deep], "peers": peers}  # fmt: skip
+
+
+def depth_ratios(rows: list[Row]) -> str:
+    """Per model: decode at the deepest depth over decode at 0, measured and predicted."""
+    out = ["| model | weights | ms/token at 0 | at 16384 | measured ratio | SOL ratio |",
+           "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for model in dict.fromkeys(r.model for r in rows):
+        at = {r.depth: r for r in rows if r.model == model}
+        lo, hi = at[min(at)], at[max(at)]
+        out.append(f"| {model} | {lo.weights} | {lo.decode_ms:.2f} | {hi.decode_ms:.2f} | "
+                   f"{hi.decode_ms / lo.decode_ms:.2f} | {hi.sol_ms / lo.sol_ms:.2f} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def render_hybrids(data: dict, plots: Path) -> str:
+    import peers_bench
+
+    deep = [Row(**r) for r in data["deep"]]
+    out = ["One sequence of each hybrid's preset, random weights in q8_0 and q4_0 (`llama-np "
+           "bench -m synthetic:PRESET --weights W -p 8 -n 16 -r 3`, compiled kernels), held "
+           "against its speed of light; smollm2-360m is the llama path beside them:", "",
+           validate_sol.markdown(rows_of(data)), "",
+           "Decode at 16384 keys against decode at 0 (`--depth 0,16384`, q8_0): Qwen3.5-2B "
+           "attends in one layer in four and keeps a fixed state in the others; SmolLM2-1.7B "
+           "has its width and depth and attends in every layer:", "",
+           validate_sol.markdown(deep), "", depth_ratios(deep), "",
+           "Against llama.cpp's own tools on the same files (random weights at the preset's "
+           "shape, made by llama.cpp's converter, Q4_K_M by its quantizer; "
+           "`scripts/peers_bench.py FILE --rounds 3 --batch 1,16`), medians of the rounds:",
+           ""]  # fmt: skip
+    for name, d in data["peers"].items():
+        out += [f"{name} ({Path(d['model']).name}), {d['threads']} threads:", "",
+                peers_bench.table(d), ""]  # fmt: skip
+    return "\n".join(out)
+
+
 MOE_PRESET, MOE_BATCHES = "olmoe-1b-7b", (1, 4, 16, 64)
 
 
@@ -345,6 +416,7 @@ TITLES = {
     "peers-batch": "Against llama.cpp, batched decode",
     "serve": "Serving over HTTP: `llama-np serve` against llama.cpp's `llama-server`",
     "families": "The families: each at its speed of light, and against llama.cpp",
+    "hybrids": "The hybrids: a fixed state beside a growing cache",
     "moe": "A mixture of experts: the experts a step reads, measured and predicted",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
