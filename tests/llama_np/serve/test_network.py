@@ -125,6 +125,21 @@ def test_keys_from_the_flag_the_environment_and_a_file(tmp_path, monkeypatch):
         assert bad not in str(e.value) or not bad  # the key is never printed
 
 
+def test_bench_endpoint_sends_the_key(keyed, capsys, monkeypatch):
+    from llama_np.cli import main
+
+    monkeypatch.delenv("LLAMA_NP_API_KEY", raising=False)
+    args = ["bench", "--endpoint", keyed.url, "--concurrency", "2", "-n", "2", "-r", "1",
+            "-p", "2", "--peak-gbs", "50", "--peak-gflops", "1000", "--json"]  # fmt: skip
+    assert main([*args, "--api-key", KEY]) == 0
+    assert '"tokens": 2' in capsys.readouterr().out
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "401" in err and "--api-key" in err and err.count("\n") == 1
+    monkeypatch.setenv("LLAMA_NP_API_KEY", OTHER)
+    assert main(args) == 0
+
+
 @pytest.fixture(scope="module")
 def open_server(llm):
     server = Live(llm)
