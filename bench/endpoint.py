@@ -102,12 +102,19 @@ async def one(client, url: str, body: dict) -> Timing:
     return Timing(first - t0, gaps, tokens, usage.get("prompt_tokens"), end)
 
 
-async def round_of(base: str, model: str, c: int, words: int, n: int, offset: int) -> tuple:
+def auth(api_key: str | None) -> dict[str, str]:
+    """The header a server that asks a key needs (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def round_of(base: str, model: str, c: int, words: int, n: int, offset: int,
+                   api_key: str | None = None) -> tuple:  # fmt: skip
     """C requests at once: their timings and the round's wall time."""
     import httpx
 
     limits = httpx.Limits(max_connections=c + 1, max_keepalive_connections=c + 1)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits,
+                                 headers=auth(api_key)) as client:  # fmt: skip
         t0 = time.perf_counter()
         bodies = [{"model": model, "prompt": prompt_text(words, offset + i), "max_tokens": n,
                    "temperature": 0, "stream": True, "ignore_eos": True,
@@ -116,12 +123,16 @@ async def round_of(base: str, model: str, c: int, words: int, n: int, offset: in
     return timings, max(t.end for t in timings) - t0
 
 
-def served_model(base: str) -> tuple[str, dict | None]:
+def served_model(base: str, api_key: str | None = None) -> tuple[str, dict | None]:
     """The first model GET /v1/models lists, and llama-np's description of it if any."""
     import httpx
 
     try:
-        r = httpx.get(base + "/models", timeout=10)
+        r = httpx.get(base + "/models", timeout=10, headers=auth(api_key))
+        if r.status_code == 401:
+            raise EndpointError(f"{base}/models: HTTP 401: the server asks an API key that "
+                                f"was {'not accepted' if api_key else 'not given'} (--api-key "
+                                "or $LLAMA_NP_API_KEY)")  # fmt: skip
         r.raise_for_status()
         first = r.json()["data"][0]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
@@ -130,17 +141,18 @@ def served_model(base: str) -> tuple[str, dict | None]:
 
 
 def measure(base: str, model: str, concurrency: tuple[int, ...], words: int, n: int,
-            reps: int, progress: bool = True) -> list[Row]:  # fmt: skip
+            reps: int, progress: bool = True, api_key: str | None = None) -> list[Row]:  # fmt: skip
     """Rounds interleaved across concurrencies (round r of each before round r + 1), one
-    warm-up round first."""
+    warm-up round first; `api_key` for a server that asks one."""
     import httpx
 
     results: dict[int, list] = {c: [] for c in concurrency}
     try:
-        asyncio.run(round_of(base, model, 1, words, min(n, 8), 10_000))  # warm-up
+        asyncio.run(round_of(base, model, 1, words, min(n, 8), 10_000, api_key))  # warm-up
         for r in range(reps):
             for c in concurrency:
-                results[c].append(asyncio.run(round_of(base, model, c, words, n, 100 * r)))
+                results[c].append(asyncio.run(round_of(base, model, c, words, n, 100 * r,
+                                                       api_key)))  # fmt: skip
                 if progress:
                     print(f"bench: concurrency {c}, round {r + 1}/{reps}", flush=True,
                           file=__import__("sys").stderr)  # fmt: skip

@@ -75,6 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
+    if args.max_n is not None and args.max_n > args.parallel:
+        raise UsageError(f"--max-n {args.max_n} is more than the slots (-np {args.parallel})")
     try:
         from llama_np.serve.run import serve
     except ModuleNotFoundError as e:

@@ -54,6 +54,13 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
 def depths(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(d) for d in text.split(","))
@@ -199,6 +206,7 @@ BENCH_ARGS = [
     (("--endpoint",), dict(metavar="URL", help="measure an OpenAI-compatible server instead (llama-np serve, llama.cpp's, vLLM), e.g. http://127.0.0.1:8080/v1: streaming completions at each --concurrency")),
     (("--concurrency",), dict(type=batches, default=(1, 4, 16), help="with --endpoint: comma-separated requests in flight at once (default: 1,4,16)")),
     (("--api-model",), dict(metavar="NAME", help="with --endpoint: the model name sent (default: the first of GET /v1/models)")),
+    (("--api-key",), dict(metavar="KEY", help="with --endpoint: sent as 'Authorization: Bearer KEY' to a server that asks one (default: $LLAMA_NP_API_KEY)")),
     (("--config",), dict(help="with --endpoint: the served model for the speed of light: its GGUF file (shape and each tensor's type), a `pull` alias, a preset, a config.json or a checkpoint directory, with --weights (default: llama-np's server describes its own)")),
     *DEVICE_ARGS,
 ]
@@ -213,6 +221,13 @@ SERVE_ARGS = [
     (("--chunk",), dict(type=positive_int, default=512, help="prompt tokens prefilled between two decode steps (default: %(default)s)")),
     (("--max-queue",), dict(type=int, default=64, help="requests that may wait for a slot; more get 503 and Retry-After (default: %(default)s)")),
     (("--shutdown-timeout",), dict(type=float, default=10.0, help="seconds running requests get to finish after SIGTERM or ^C before they are cancelled (default: %(default)s)")),
+    (("--api-key",), dict(metavar="KEY", help="every /v1 route asks 'Authorization: Bearer KEY' (a missing or wrong key: 401); /health and /metrics stay open. Visible to `ps`: prefer $LLAMA_NP_API_KEY or --api-key-file (default: $LLAMA_NP_API_KEY, else no key)")),
+    (("--api-key-file",), dict(metavar="PATH", help="more keys, one a line (blank lines and # comments skipped), each taken as --api-key")),
+    (("--max-tokens-limit",), dict(type=positive_int, metavar="N", help="the largest max_tokens a request may ask; more is a 400 (default: the context, -c)")),
+    (("--max-n",), dict(type=positive_int, metavar="N", help="the most choices (n) a request may ask; more is a 400 (default and at most: the slots, -np)")),
+    (("--max-body-bytes",), dict(type=positive_int, default=4 << 20, metavar="N", help="the largest request body; more is a 413 (default: %(default)s, 4 MiB)")),
+    (("--request-timeout",), dict(type=positive_float, default=30.0, metavar="S", help="seconds a client has to send a request whole, headers and body, from its connection or its first byte; then the connection is closed (default: %(default)s)")),
+    (("--idle-timeout",), dict(type=positive_float, default=5.0, metavar="S", help="seconds a kept-alive connection may idle between requests (uvicorn's keep-alive timeout) (default: %(default)s)")),
     (("--alias",), dict(help="the model's name in the API (default: the model's own)")),
     (("-v", "--verbose"), dict(action="store_true", help="log each request (uvicorn's access log) and a failed request's traceback (default: one line per failure)")),
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -322,10 +323,11 @@ def bench_endpoint(args: argparse.Namespace) -> int:
     base = args.endpoint.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
     try:
-        served, info = endpoint.served_model(base)
+        key = args.api_key or os.environ.get("LLAMA_NP_API_KEY")
+        served, info = endpoint.served_model(base, key)
         model = args.api_model or served
         rows = endpoint.measure(base, model, args.concurrency, args.prompt, args.n_predict,
-                                args.reps)  # fmt: skip
+                                args.reps, api_key=key)  # fmt: skip
     except endpoint.EndpointError as e:
         raise LlamaNpError(str(e)) from None
     hold_endpoint(rows, args, base, info, shape)

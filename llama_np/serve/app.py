@@ -27,18 +27,24 @@ from llama_np.generation.chat import chat_prompt_ids
 from llama_np.serve import protocol
 from llama_np.serve.engine import Engine, Job, QueueFull
 from llama_np.serve.metrics import Metrics
+from llama_np.serve.network import KeyCheck, Limits, read_body
 from llama_np.serve.protocol import ApiError, Request
 
 RETRY_AFTER_S = 1  # what a client told "queue full" is asked to wait
 POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+DEFAULT_LIMITS = Limits()
 
 
 class Server:
     """What the routes share: the engine, the served model's name and its limits."""
 
-    def __init__(self, engine: Engine, model_id: str, metrics: Metrics) -> None:
+    def __init__(self, engine: Engine, model_id: str, metrics: Metrics,
+                 limits: Limits = DEFAULT_LIMITS) -> None:  # fmt: skip
         self.engine, self.model_id, self.metrics = engine, model_id, metrics
         self.llm, self.ctx, self.created = engine.llm, engine.ctx, int(time.time())
+        self.limits = limits
+        self.max_tokens = min(limits.max_tokens or engine.ctx, engine.ctx)
+        self.max_n = min(limits.max_n or engine.slots, engine.slots)
         self.shutting_down = False
 
     def prompt_ids(self, req: Request) -> list[int]:
@@ -57,12 +63,14 @@ class Server:
     def jobs(self, req: Request, ids: list[int]) -> list[Job]:
         """One job per choice; choice i samples with seed + i (as `generate -np`)."""
         if len(ids) > self.ctx:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens, more than the context "
-                           f"size {self.ctx}", "messages" if req.chat else "prompt",
+            what = "messages" if req.chat else "prompt"
+            raise ApiError(400, f"This model's maximum context length is {self.ctx} tokens. "
+                           f"However, your {what} resulted in {len(ids)} tokens. Please "
+                           f"reduce the length of the {what}.", what,
                            "context_length_exceeded")  # fmt: skip
         s = req.sampling
         return [Job(ids, s if s.seed is None else replace(s, seed=s.seed + i),
-                    req.max_tokens or self.ctx, req.stop, req.ignore_eos)
+                    req.max_tokens or self.max_tokens, req.stop, req.ignore_eos)
                 for i in range(req.n)]  # fmt: skip
 
     def submit(self, jobs: list[Job], events: asyncio.Queue) -> None:
@@ -141,10 +149,10 @@ def error_response(e: ApiError) -> JSONResponse:
 async def generate(server: Server, http: HttpRequest, chat: bool) -> Response:
     try:
         try:
-            body = json.loads(await http.body())
+            body = json.loads(await read_body(http, server.limits.max_body))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-        req = protocol.parse(body, chat, server.model_id, server.engine.slots)
+        req = protocol.parse(body, chat, server.model_id, server.max_n, server.max_tokens)
         ids = server.prompt_ids(req)
         jobs = server.jobs(req, ids)
         events: asyncio.Queue = asyncio.Queue()
@@ -215,9 +223,12 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, model_id: str, metrics: Metrics, verbose: bool = False) -> Starlette:
-    """The routes behind a Guard (`verbose`: a failed request's traceback on stderr)."""
-    server = Server(engine, model_id, metrics)
+def create_app(engine: Engine, model_id: str, metrics: Metrics, verbose: bool = False,
+               keys: tuple[str, ...] = (),
+               limits: Limits = DEFAULT_LIMITS) -> Starlette:  # fmt: skip
+    """The routes behind a Guard (`verbose`: a failed request's traceback on stderr) and,
+    when `keys` are given, a KeyCheck on /v1/*; each request held to `limits`."""
+    server = Server(engine, model_id, metrics, limits)
 
     async def completions(http: HttpRequest) -> Response:
         return await generate(server, http, chat=False)
@@ -257,8 +268,10 @@ def create_app(engine: Engine, model_id: str, metrics: Metrics, verbose: bool = 
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(Guard, verbose=verbose)],
+    layers = [Middleware(Guard, verbose=verbose)]
+    if keys:
+        layers.append(Middleware(KeyCheck, keys=keys))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=layers,
                     exception_handlers={404: _not_found, 405: _not_allowed})  # fmt: skip
     app.state.server = server
     return app

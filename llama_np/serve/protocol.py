@@ -80,8 +80,10 @@ def _name(types: type | tuple[type, ...]) -> str:
 NUMBER = (int, float)
 
 
-def parse(body: Any, chat: bool, model: str, slots: int) -> Request:
-    """Check a request body; ApiError (400, naming the field) when it is wrong."""
+def parse(body: Any, chat: bool, model: str, max_n: int,
+          max_tokens_limit: int | None = None) -> Request:  # fmt: skip
+    """Check a request body; ApiError (400, naming the field) when it is wrong or asks more
+    than the server's limits: `max_n` choices, `max_tokens_limit` tokens (None: any)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     name = _get(body, "model", str, model)
@@ -90,19 +92,34 @@ def parse(body: Any, chat: bool, model: str, slots: int) -> Request:
                        "model", "model_not_found")  # fmt: skip
     _refuse_unsupported(body, chat)
     prompt = _messages(body) if chat else _prompt(body)
-    max_tokens = _get(body, "max_completion_tokens", int) if chat else None
-    max_tokens = _get(body, "max_tokens", int, max_tokens if chat else 16)
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
+    max_tokens = _max_tokens(body, chat, max_tokens_limit)
     n = _get(body, "n", int, 1)
-    if not 1 <= n <= slots:
-        raise ApiError(400, f"'n' must be 1..{slots} (the server's slots), got {n}", "n")
+    if not 1 <= n <= max_n:
+        raise ApiError(400, f"'n' must be 1..{max_n} on this server, got {n}", "n")
     options = _get(body, "stream_options", dict, {})
     return Request(
         name, prompt, _sampling(body), max_tokens, _stops(body), n,
         _get(body, "stream", bool, False), _get(options, "include_usage", bool, False),
         _get(body, "ignore_eos", bool, False), chat,
     )  # fmt: skip
+
+
+def _max_tokens(body: dict, chat: bool, limit: int | None) -> int | None:
+    """max_tokens (chat: or max_completion_tokens), at least 1 and at most `limit`; the
+    error names the field the client sent."""
+    name = "max_tokens"
+    value = _get(body, name, int)
+    if value is None and chat:
+        name = "max_completion_tokens"
+        value = _get(body, name, int)
+    if value is None:
+        return None if chat else min(16, limit or 16)
+    if value < 1:
+        raise ApiError(400, f"'{name}' must be at least 1, got {value}", name)
+    if limit is not None and value > limit:
+        raise ApiError(400, f"'{name}' is too large: {value}. This server allows at most "
+                       f"{limit} completion tokens.", name)  # fmt: skip
+    return value
 
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:

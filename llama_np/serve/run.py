@@ -19,6 +19,7 @@ from llama_np.serve.app import Server as Shared
 from llama_np.serve.app import create_app
 from llama_np.serve.engine import Engine
 from llama_np.serve.metrics import Metrics
+from llama_np.serve.network import Limits, load_keys, uvicorn_config
 from quant.host import usable_cores
 
 
@@ -61,6 +62,9 @@ def run_http(server: uvicorn.Server, sock: socket.socket, engine: Engine) -> Non
 def serve(args: argparse.Namespace, load: Callable[[], LLM]) -> int:
     """`llama-np serve`: listen first (a port taken is said before the model loads), then
     `load()` the model and run the engine loop on this thread, uvicorn on another."""
+    keys = load_keys(args.api_key, args.api_key_file)  # a bad key file: said before loading
+    limits = Limits(args.max_tokens_limit, args.max_n, args.max_body_bytes,
+                    args.request_timeout, args.idle_timeout)  # fmt: skip
     sock = bind(args.host, args.port)
     llm = load()
     with llm:
@@ -74,12 +78,14 @@ def serve(args: argparse.Namespace, load: Callable[[], LLM]) -> int:
             print("llama-np: note: no probe of this machine: /metrics leaves out the speed-"
                   "of-light figures (run `llama-np probe` once)", file=sys.stderr)  # fmt: skip
         model_id = args.alias or llm.config.name
-        app = create_app(engine, model_id, Metrics(engine, probe, window), args.verbose)
-        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning",
-                                timeout_graceful_shutdown=args.shutdown_timeout)  # fmt: skip
+        app = create_app(engine, model_id, Metrics(engine, probe, window), args.verbose, keys,
+                         limits)  # fmt: skip
+        config = uvicorn_config(app, limits, args.verbose, args.shutdown_timeout)
         port = sock.getsockname()[1]
+        guarded = f", {len(keys)} API key{'s' * (len(keys) > 1)}" if keys else ""
         print(f"llama-np: serving {model_id} at http://{args.host}:{port}/v1 ({args.parallel} "
-              f"slots of {ctx} tokens, {llm.kernels})", file=sys.stderr, flush=True)  # fmt: skip
+              f"slots of {ctx} tokens, {llm.kernels}{guarded})", file=sys.stderr,
+              flush=True)  # fmt: skip
         server = uvicorn.Server(config)  # on a thread: it leaves the signals to us
         http = threading.Thread(target=run_http, args=(server, sock, engine), name="http",
                                 daemon=True)  # fmt: skip

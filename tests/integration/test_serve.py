@@ -207,7 +207,7 @@ def test_malformed_json_unknown_paths_and_the_client_sees_them(live):
                    headers={"content-type": "application/json"})  # fmt: skip
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     assert httpx.get(live.url + "/v1/nothing").status_code == 404
-    with pytest.raises(openai.BadRequestError, match="context size"):
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
         live.client().completions.create(model="smollm2", prompt="hi " * (CTX + 10))
     with pytest.raises(openai.NotFoundError):
         messages = [{"role": "user", "content": "x"}]
