@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
-    model_type: str  # config.json's (gemma3_text and qwen3_5_text read as their families)
+    model_type: str  # config.json's (gemma3_text, gemma4_text and qwen3_5_text: their families)
     hf_class: str  # transformers' causal LM class
     gguf: str  # the GGUF architecture llama.cpp's converter writes
     moe: bool = False  # a mixture of experts
@@ -24,6 +24,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
     Family("gemma2", "Gemma2ForCausalLM", "gemma2", norm_plus_one=True),
     Family("gemma3", "Gemma3ForCausalLM", "gemma3", norm_plus_one=True),
+    Family("gemma4", "Gemma4ForCausalLM", "gemma4"),  # its norms x * w, as llama's
     Family("phi3", "Phi3ForCausalLM", "phi3"),
     Family("smollm3", "SmolLM3ForCausalLM", "smollm3", permuted=True),
     Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
