@@ -292,7 +292,8 @@ def _gemma4(d: dict[str, Any], n_layers: int, head_dim: int) -> dict[str, Any]:
         raise ConfigError("config: per_layer_config must map layers to objects")
     dims = set()
     for i, v in per_layer.items():
-        if set(v) - {"head_dim"} or str(i) not in {str(j) for j in full}:
+        layer = int(i) if str(i).isdigit() else -1  # (transformers pads: "04" of 35 layers)
+        if set(v) - {"head_dim"} or layer not in full:
             raise ConfigError(f"config: per_layer_config of layer {i} ({v}) is not supported "
                               "(only the full layers' head_dim)")  # fmt: skip
         dims.add(_int(v, "head_dim", 2, _MAX_DIM))
