@@ -152,3 +152,12 @@ def test_a_recurrent_state_is_never_rewound():
     assert cache.pos == 0 and not any(s.s.any() or s.conv.any() for s in cache.states if s)
     plain = random_model(SHAPES["sliding"], "f32", None).new_cache(16)
     assert plain.states == [None, None] and plain.truncate(0)
+
+
+def test_a_gemma4_weight_plan_names_every_matrix():
+    """bench's plan of formats by role covers the shared layers' q alone and each layer's
+    per-layer input gate and projection."""
+    from llama_np.model.decoder import weight_plan
+
+    model = random_model(SHAPES["shared"], "q8_0", None)
+    assert weight_plan(model.weights, model.config) == ("q8_0", "q8_0", "q8_0")
