@@ -196,7 +196,10 @@ class Config:
 
     def at(self, i: int) -> Config:
         """The config as layer i's attention and MLP see it: its head_dim, its MLP's
-        width (the same config when every layer is alike)."""
+        width (the same config when every layer is alike: no hash of the config, which
+        this is asked for every layer of every step)."""
+        if not (self.global_head_dim or self.wide_shared_mlp):
+            return self
         return _layer_config(self, i)
 
     def mixer(self, i: int) -> str:
