@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_arch import (
-    MIXER_ROLES,
     MIXER_VECTORS,
     MLP_ROLES,
+    PLE_ROLES,
     Config,
     ConfigError,
     layer_matrices,
     layer_roles,
     layer_vectors,
+    mixer_roles,
     state_floats,
 )
 from quant.backends import get_backend
@@ -217,24 +218,31 @@ def estimate(
     embed = head if s.tie_embeddings else (embed or weights)  # type: ignore[assignment]
     # keys each attention layer attends: pos + 1, or its window's (a model's own windows
     # are per layer: gemma's sliding and global layers; `window` puts one on every layer)
-    layer_keys = [pos + 1 if (w := s.layer_window(i, window)) is None else min(pos + 1, w)
-                  for i in s.attention_layers]  # fmt: skip
+    layer_keys = {i: pos + 1 if (w := s.layer_window(i, window)) is None else min(pos + 1, w)
+                  for i in s.attention_layers}  # fmt: skip
     nbytes = lambda f: matrix_bytes(f, engine, kernels)  # noqa: E731
     reads, expert_bytes, expert_reads = _weight_reads(s, plan, head, embed, nbytes, batch, experts)
+    if s.ple_dim:  # gemma4: a row of the per-layer table a sequence, its projection
+        width = s.n_layers * s.ple_dim
+        proj = nbytes(weights if isinstance(weights, str) else embed)((width, s.dim))
+        reads[EMBEDDING] += batch * nbytes(embed)((1, width)) + proj
     store = kv_store_class(kv)
-    slot = store.slot_nbytes(s.n_kv_heads, s.head_dim)
+    slot = {i: store.slot_nbytes(s.n_kv_heads, s.layer_head_dim(i)) for i in layer_keys}
     tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
-    reads[KV] = batch * sum(
-        store.read_nbytes(n, s.n_kv_heads, s.head_dim, tiled) + n * slot for n in layer_keys
-    )
+    # every attention layer reads its keys (a shared one its source's); those with their own
+    # write the new ones
+    reads[KV] = batch * sum(store.read_nbytes(n, s.n_kv_heads, s.layer_head_dim(i), tiled)
+                            + n * slot[i] for i, n in layer_keys.items())  # fmt: skip
     state = batch * sum(4 * state_floats(s, i) for i in range(s.n_layers))
     reads[STATE] = state
     total, read, matmul = _parameters(s)
-    flops = 2 * matmul + sum(4 * s.n_heads * s.head_dim * n for n in layer_keys)
+    flops = 2 * matmul + sum(4 * s.n_heads * s.layer_head_dim(i) * n
+                             for i, n in layer_keys.items())  # fmt: skip
     flops = batch * (flops + recurrent_flops(s))
-    writes = batch * len(layer_keys) * 2 * slot
+    writes = batch * sum(2 * slot[i] for i in layer_keys if s.kv_source(i) == i)
     label = weights_label(weights)
-    return Estimate(s, label, head, kv, pos, max(layer_keys, default=0), total, read, reads,
+    return Estimate(s, label, head, kv, pos, max(layer_keys.values(), default=0), total, read,
+                    reads,
                     writes, flops, engine, kernels, batch, expert_bytes, expert_reads,
                     state)  # fmt: skip
 
@@ -257,8 +265,9 @@ def norm_floats(s: Config) -> int:
     """Float32 norm weights a token reads: each layer's (before and after the mixer and
     the MLP, of q and k, a delta net's output norm, as the family has them) and the final
     norm."""
-    return s.dim + sum(n for i in range(s.n_layers) for role, n in layer_vectors(s, i).items()
-                       if not role.startswith("b") and role not in MIXER_VECTORS)  # fmt: skip
+    return s.dim + s.ple_dim + sum(
+        n for i in range(s.n_layers) for role, n in layer_vectors(s, i).items()
+        if not role.startswith("b") and role not in MIXER_VECTORS)  # fmt: skip
 
 
 def mixer_floats(s: Config) -> int:
@@ -286,14 +295,14 @@ def _weight_reads(
 
     router = s.n_layers * nbytes("f32")((s.n_experts, s.dim)) if s.n_experts > 1 else 0
     reads = dict.fromkeys(CATEGORIES, 0)
-    mixers = [MIXER_ROLES[s.mixer(i)] for i in range(s.n_layers)]
+    mixers = [mixer_roles(s, i) for i in range(s.n_layers)]
     reads[ATTN] = sum(layer_bytes(i, r) for i, r in enumerate(mixers))
     reads[ATTN] += bias * len(s.attention_layers) + 4 * mixer_floats(s)
     used = experts or [experts_read(s, batch)] * s.n_layers
     if len(used) != s.n_layers:
         raise ConfigError(f"{s.name}: experts counted for {len(used)} of {s.n_layers} layers")
     mlp = round(sum(n * layer_bytes(i, MLP_ROLES) for i, n in enumerate(used)))
-    reads[MLP] = mlp + router
+    reads[MLP] = mlp + router + sum(layer_bytes(i, PLE_ROLES) for i in range(s.n_layers))
     reads[HEAD] = nbytes(head)((s.vocab_size, s.dim))
     reads[EMBEDDING] = batch * nbytes(embed)((1, s.dim))
     reads[NORMS] = 4 * norm_floats(s)
@@ -320,15 +329,20 @@ def _parameters(s: Config) -> tuple[int, int, int]:
         return sum(dims[r][0] * dims[r][1] for r in roles)
 
     router = s.n_experts * s.dim if s.n_experts > 1 else 0
-    mixer = sum(count(i, MIXER_ROLES[s.mixer(i)]) for i in range(s.n_layers))
+    mixer = sum(count(i, mixer_roles(s, i)) for i in range(s.n_layers))
     mlp = sum(count(i, MLP_ROLES) for i in range(s.n_layers))
     qkv_bias = len(s.attention_layers) * (s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0
     vectors = norm_floats(s) + mixer_floats(s) + qkv_bias
     table = s.vocab_size * s.dim
-    layers = mixer + s.n_layers * router
+    # gemma4's per-layer inputs: each layer's gate and projection and the embedding's
+    # projection, multiplied; the per-layer table, of which a token reads one row
+    width = s.n_layers * s.ple_dim
+    ple = sum(count(i, PLE_ROLES) for i in range(s.n_layers) if s.ple_dim) + width * s.dim
+    layers = mixer + s.n_layers * router + ple
     total = layers + s.n_experts * mlp + vectors + (table if s.tie_embeddings else 2 * table)
+    total += s.vocab_size * width
     matmul = layers + s.experts_per_token * mlp
-    return total, matmul + table + s.dim + vectors, matmul + table
+    return total, matmul + table + s.dim + width + vectors, matmul + table
 
 
 def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:

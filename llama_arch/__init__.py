@@ -18,10 +18,12 @@ from .tensors import (
     MIXER_ROLES,
     MIXER_VECTORS,
     MLP_ROLES,
+    PLE_ROLES,
     ROLES,
     layer_matrices,
     layer_roles,
     layer_vectors,
+    mixer_roles,
     state_floats,
 )
 
@@ -31,6 +33,7 @@ __all__ = [
     "MIXER_ROLES",
     "MIXER_VECTORS",
     "MLP_ROLES",
+    "PLE_ROLES",
     "PRESETS",
     "ROLES",
     "SUPPORTED",
@@ -45,6 +48,7 @@ __all__ = [
     "layer_roles",
     "layer_vectors",
     "load_config",
+    "mixer_roles",
     "read_config_json",
     "state_floats",
 ]

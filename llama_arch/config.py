@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .families import MOE, SUPPORTED  # noqa: F401  (the engine's families: families.py)
 
@@ -146,6 +147,18 @@ class Config:
     conv_kernel: int = 0  # the short convolution's width (lfm2's conv_L_cache)
     attn_gate: bool = False  # qwen3_5: q_proj makes a gate per head too; the attention's
     # output is multiplied by sigmoid(gate) before o_proj
+    # --- gemma4: layers of two shapes, shared KV, per-layer embeddings ---
+    global_head_dim: int | None = None  # the full (not sliding) layers' head_dim; None: head_dim
+    rope_proportion: float | None = None  # the full layers' "proportional" RoPE: the first
+    # int(p * head_dim / 2) of the frequencies theta^(-2j / head_dim) turn, the rest are 0
+    v_norm: bool = False  # v RMS-normed over each head, without a weight
+    kv_shared: int = 0  # the last kv_shared layers attend to the KV of the last earlier
+    # layer of their kind (sliding or full) and compute and write none
+    wide_shared_mlp: bool = False  # the shared layers' MLP twice hidden_dim wide
+    ple_dim: int = 0  # per-layer embeddings' width per layer (0: none): a table of vocab x
+    # (n_layers * ple_dim) read one row a token, a projection of the embedding beside it,
+    # gated into each layer after its MLP
+    layer_scalar: bool = False  # each layer's output times a scalar weight of its own
 
     @property
     def q_dim(self) -> int:
@@ -164,6 +177,30 @@ class Config:
     def rotary(self) -> int:
         """The dims of a head that RoPE turns."""
         return self.rotary_dim or self.head_dim
+
+    def is_full(self, i: int) -> bool:
+        """Layer i attends to every position (not one of the sliding layers)."""
+        return self.sliding_layers is None or not self.sliding_layers[i]
+
+    def layer_head_dim(self, i: int) -> int:
+        """Layer i's head_dim (gemma4's full layers: global_head_dim)."""
+        return self.global_head_dim if self.global_head_dim and self.is_full(i) else self.head_dim
+
+    def kv_source(self, i: int) -> int:
+        """The layer whose keys and values layer i attends to: itself, or for one of the
+        last kv_shared layers the last layer before them of its kind."""
+        first = self.n_layers - self.kv_shared
+        if i < first:
+            return i
+        return max(j for j in range(first) if self.is_full(j) == self.is_full(i))
+
+    def at(self, i: int) -> Config:
+        """The config as layer i's attention and MLP see it: its head_dim, its MLP's
+        width (the same config when every layer is alike: no hash of the config, which
+        this is asked for every layer of every step)."""
+        if not (self.global_head_dim or self.wide_shared_mlp):
+            return self
+        return _layer_config(self, i)
 
     def mixer(self, i: int) -> str:
         """Layer i's token mixer (MIXERS)."""
@@ -197,6 +234,18 @@ class Config:
             return "none"
         local = self.sliding_layers is not None and self.sliding_layers[i]
         return "local" if local and self.rope_local_theta is not None else "global"
+
+    @property
+    def layered(self) -> bool:
+        """Layers differ in shape or take more than the residual stream (gemma4's two head
+        sizes, shared KV, per-layer embeddings): the one-call decode steps decline them."""
+        return bool(
+            self.global_head_dim
+            or self.kv_shared
+            or self.ple_dim
+            or self.v_norm
+            or self.layer_scalar
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
@@ -258,6 +307,7 @@ class Config:
             if v is not None and len(v) != self.n_layers:
                 raise ConfigError(f"config: {key} names {len(v)} layers of {self.n_layers}")
         self._check_mixers()
+        self._check_layered()
         r = self.rope_scaling
         if r is not None and r.kind == "longrope":
             for f in (r.short_factor, r.long_factor):
@@ -281,3 +331,34 @@ class Config:
                                   f"multiple of linear_num_key_heads ({d.k_heads})")  # fmt: skip
         if "conv" in types and self.conv_kernel < 1:
             raise ConfigError(f"config: conv_L_cache must be positive, got {self.conv_kernel}")
+
+    def _check_layered(self) -> None:
+        if self.global_head_dim is not None and (
+            self.global_head_dim < 2 or self.global_head_dim % 2
+        ):
+            raise ConfigError(f"config: global_head_dim must be even, got {self.global_head_dim}")
+        if self.rope_proportion is not None and not 0 <= self.rope_proportion <= 1:
+            raise ConfigError(f"config: the full layers' partial_rotary_factor must be in "
+                              f"[0, 1], got {self.rope_proportion}")  # fmt: skip
+        if not 0 <= self.kv_shared < self.n_layers or self.ple_dim < 0:
+            raise ConfigError(f"config: num_kv_shared_layers ({self.kv_shared}) must be below "
+                              f"the layers ({self.n_layers})")  # fmt: skip
+        if self.kv_shared:
+            if self.layer_types is not None:
+                raise ConfigError("config: shared KV layers in a hybrid are not supported")
+            first = self.n_layers - self.kv_shared
+            kinds = {self.is_full(j) for j in range(first)}
+            if any(self.is_full(i) not in kinds for i in range(first, self.n_layers)):
+                raise ConfigError("config: a shared KV layer has no earlier layer of its kind")
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_config(c: Config, i: int) -> Config:
+    """Config.at: layer i's head_dim and MLP width, the rest as the model's."""
+    head_dim = c.layer_head_dim(i)
+    wide = c.wide_shared_mlp and c.kv_source(i) != i
+    hidden = 2 * c.hidden_dim if wide else c.hidden_dim
+    if head_dim == c.head_dim and hidden == c.hidden_dim:
+        return c
+    return replace(c, head_dim=head_dim, hidden_dim=hidden, global_head_dim=None,
+                   wide_shared_mlp=False)  # fmt: skip

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
-    model_type: str  # config.json's (gemma3_text and qwen3_5_text read as their families)
+    model_type: str  # config.json's (gemma3_text, gemma4_text and qwen3_5_text: their families)
     hf_class: str  # transformers' causal LM class
     gguf: str  # the GGUF architecture llama.cpp's converter writes
     moe: bool = False  # a mixture of experts
     permuted: bool = False  # the converter permutes Q and K rows (llama.cpp's NORM RoPE)
     norm_plus_one: bool = False  # transformers' RMSNorm as x * (1 + w); a GGUF holds 1 + w
+    gguf_read: bool = True  # its GGUF files are read (gemma4: its safetensors only, so far)
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -24,6 +25,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
     Family("gemma2", "Gemma2ForCausalLM", "gemma2", norm_plus_one=True),
     Family("gemma3", "Gemma3ForCausalLM", "gemma3", norm_plus_one=True),
+    Family("gemma4", "Gemma4ForCausalLM", "gemma4", gguf_read=False),  # norms x * w
     Family("phi3", "Phi3ForCausalLM", "phi3"),
     Family("smollm3", "SmolLM3ForCausalLM", "smollm3", permuted=True),
     Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
@@ -38,7 +40,7 @@ FAMILIES = {f.model_type: f for f in (
 )}  # fmt: skip
 SUPPORTED = tuple(FAMILIES)  # the model_types the engine runs
 MOE = tuple(t for t, f in FAMILIES.items() if f.moe)  # the mixtures of experts among them
-GGUF_ARCHITECTURES = tuple(dict.fromkeys(f.gguf for f in FAMILIES.values()))
+GGUF_ARCHITECTURES = tuple(dict.fromkeys(f.gguf for f in FAMILIES.values() if f.gguf_read))
 
 
 def family_of_gguf(arch: str) -> str:

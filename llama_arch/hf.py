@@ -69,6 +69,10 @@ def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling
         kind = "longrope"
     if kind == "default":
         return theta, None
+    if kind == "proportional":  # gemma4's full layers (_gemma4 reads the proportion)
+        if _float(merged, "factor", 1.0) != 1.0:
+            raise ConfigError("config: proportional RoPE with a factor is not supported")
+        return theta, None
     if kind == "linear":
         return theta, RopeScaling("linear", _float(merged, "factor"))
     if kind == "llama3":
@@ -86,7 +90,7 @@ def _rope(d: dict[str, Any], arch: str, rotary: int) -> tuple[float, RopeScaling
     if kind == "yarn":
         return theta, _yarn(d, merged)
     raise ConfigError(f"config: unsupported rope type {kind!r} (supported: default, linear, "
-                      "llama3, longrope, yarn)")  # fmt: skip
+                      "llama3, longrope, yarn, proportional)")  # fmt: skip
 
 
 def _yarn(d: dict[str, Any], merged: dict[str, Any]) -> RopeScaling:
@@ -148,9 +152,9 @@ def _rope_by_layer_type(d: dict[str, Any]) -> dict[str, Any]:
     local = params.get("sliding_attention") or {}
     if not isinstance(local, dict):
         raise ConfigError("config: rope_parameters.sliding_attention must be an object")
-    if local.get("rope_type", "default") != "default":
+    if local.get("rope_type", "default") != "default" or "partial_rotary_factor" in local:
         raise ConfigError(f"config: unsupported rope type {local['rope_type']!r} on the "
-                          "sliding layers (only default)")  # fmt: skip
+                          "sliding layers (only default, every dim)")  # fmt: skip
     out = {**d, "rope_parameters": params["full_attention"]}
     if "rope_theta" in local:
         out["rope_local_base_freq"] = local["rope_theta"]
@@ -180,6 +184,11 @@ def _check_runnable(d: dict[str, Any], arch: str) -> None:
     for key in ("attention_bias", "mlp_bias", "conv_bias"):
         if d.get(key):
             raise ConfigError(f"config: {key}=true is not supported")
+    if arch == "gemma4":
+        for key in ("enable_moe_block", "attention_k_eq_v"):
+            if d.get(key):
+                raise UnsupportedModel(f"config: gemma4's {key} (the larger models) is not "
+                                       "supported")  # fmt: skip
     if d.get("use_bidirectional_attention"):
         raise ConfigError(
             "config: use_bidirectional_attention (an embedding model) is not supported"
@@ -205,7 +214,7 @@ def _window(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tu
     window = _int({"sliding_window": window}, "sliding_window", 1, _MAX_CONTEXT)
     if isinstance(types, list) and len(types) == n_layers:
         layers = tuple(t == "sliding_attention" for t in types)
-    elif arch in ("gemma2", "gemma3"):
+    elif arch in ("gemma2", "gemma3", "gemma4"):
         pattern = _int(
             d,
             "sliding_window_pattern",
@@ -223,6 +232,8 @@ def _window(d: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tu
         layers = tuple(bool((i + 1) % 4) for i in range(n_layers))
     else:
         return window, None
+    if arch == "gemma4":  # Gemma4TextConfig makes the last layer a full one
+        layers = (*layers[:-1], False)
     return (window, layers) if any(layers) else (None, None)
 
 
@@ -264,6 +275,49 @@ def _qwen3_5(d: dict[str, Any], n_layers: int, head_dim: int) -> dict[str, Any]:
                      tiled=bool(d.get("linear_value_heads_tiled", False)))  # fmt: skip
     return {"layer_types": tuple(names[t] for t in types), "delta": delta, "attn_gate": True,
             "qk_norm": "head", "rotary_dim": 2 * int(head_dim * prf / 2)}  # fmt: skip
+
+
+def _gemma4(d: dict[str, Any], n_layers: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 4's text model: gemma3's block with plain (x * w) norms, the scores unscaled, v
+    normed without a weight; the full layers' head_dim (per_layer_config, else
+    global_head_dim: 512 by default) and proportional RoPE with their own base; the last
+    num_kv_shared_layers reading an earlier layer's KV, their MLP double-wide where
+    use_double_wide_mlp; per-layer embeddings (hidden_size_per_layer_input)."""
+    _, sliding = _window(d, "gemma4", n_layers)
+    full = [i for i in range(n_layers) if sliding is None or not sliding[i]]
+    per_layer = d.get("per_layer_config")
+    if per_layer is None:
+        per_layer = {i: {"head_dim": d.get("global_head_dim", 512)} for i in full}
+    if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
+        raise ConfigError("config: per_layer_config must map layers to objects")
+    dims = set()
+    for i, v in per_layer.items():
+        layer = int(i) if str(i).isdigit() else -1  # (transformers pads: "04" of 35 layers)
+        if set(v) - {"head_dim"} or layer not in full:
+            raise ConfigError(f"config: per_layer_config of layer {i} ({v}) is not supported "
+                              "(only the full layers' head_dim)")  # fmt: skip
+        dims.add(_int(v, "head_dim", 2, _MAX_DIM))
+    if len(dims) > 1:
+        raise ConfigError(f"config: the full layers' head_dims differ: {sorted(dims)}")
+    if _int(d, "vocab_size_per_layer_input", 1, _MAX_VOCAB, d.get("vocab_size")) != d.get(
+            "vocab_size"):  # fmt: skip
+        raise ConfigError("config: vocab_size_per_layer_input other than vocab_size is not "
+                          "supported")  # fmt: skip
+    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    prf = None
+    if rope.get("rope_type") == "proportional":
+        prf = _float(rope, "partial_rotary_factor", 1.0)
+    global_dim = dims.pop() if dims else head_dim
+    return {"post_norm": True, "mlp_act": "gelu_tanh", "qk_norm": "head", "v_norm": True,
+            "layer_scalar": True,
+            "embed_scale": _f32(math.sqrt(_int(d, "hidden_size", 1, _MAX_DIM))),
+            "attn_scale": 1.0, "final_softcap": d.get("final_logit_softcapping"),
+            "rope_local_theta": _float(d, "rope_local_base_freq", 10000.0),
+            "global_head_dim": None if global_dim == head_dim else global_dim,
+            "rope_proportion": prf,
+            "kv_shared": _int(d, "num_kv_shared_layers", 0, n_layers - 1, 0),
+            "wide_shared_mlp": bool(d.get("use_double_wide_mlp", False)),
+            "ple_dim": _int(d, "hidden_size_per_layer_input", 0, _MAX_DIM, 0) or 0}  # fmt: skip
 
 
 def _local_theta(d: dict[str, Any]) -> float:
@@ -318,7 +372,9 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
         out["qk_norm"] = "all"
     if arch in ("qwen3_moe", "olmoe"):  # mixtral and granitemoe always renormalize
         out["norm_topk"] = bool(d.get("norm_topk_prob", False))
-    if arch.startswith("gemma"):
+    if arch == "gemma4":
+        out |= _gemma4(d, n_layers, head_dim)
+    elif arch.startswith("gemma"):
         qpas = _float(d, "query_pre_attn_scalar", 256.0)
         out |= {"post_norm": True, "mlp_act": "gelu_tanh", "embed_scale": _f32(math.sqrt(dim)),
                 "attn_scale": qpas**-0.5}  # fmt: skip
@@ -354,7 +410,7 @@ def _switches(d: dict[str, Any], arch: str, dim: int, n_layers: int, head_dim: i
 
 # Where a family's config class defaults differ from llama's: a saved config.json leaves out
 # the keys that equal both transformers' base defaults and the class's own.
-TIED_BY_DEFAULT = ("cohere", "gemma2", "gemma3", "smollm3")
+TIED_BY_DEFAULT = ("cohere", "gemma2", "gemma3", "gemma4", "smollm3")
 GEMMA3_TEXT = {  # Gemma3TextConfig's defaults: a multimodal gemma3's text_config lists the rest
     "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
     "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -365,6 +421,18 @@ GEMMA3_TEXT = {  # Gemma3TextConfig's defaults: a multimodal gemma3's text_confi
 }  # fmt: skip
 
 
+GEMMA4_TEXT = {  # Gemma4TextConfig's defaults (transformers 5.24)
+    "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "sliding_window": 512, "final_logit_softcapping": None, "hidden_activation": GELU,
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+    "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256,
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                        "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                           "partial_rotary_factor": 0.25}},
+}  # fmt: skip
 QWEN3_5_TEXT = {  # Qwen3_5TextConfig's defaults (transformers 5)
     "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
     "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -385,7 +453,8 @@ OLMO3 = {  # Olmo3Config's defaults
 }  # fmt: skip
 DEFAULTS = {"lfm2": LFM2, "olmo3": OLMO3}  # a family whose saved config.json leaves them out
 # a multimodal checkpoint's text model: (its model_type here, the text config's defaults)
-TEXT_PARTS = {"gemma3": ("gemma3", GEMMA3_TEXT), "qwen3_5": ("qwen3_5", QWEN3_5_TEXT)}
+TEXT_PARTS = {"gemma3": ("gemma3", GEMMA3_TEXT), "gemma4": ("gemma4", GEMMA4_TEXT),
+              "qwen3_5": ("qwen3_5", QWEN3_5_TEXT)}  # fmt: skip
 
 
 def _text_config(d: dict[str, Any]) -> dict[str, Any]:
@@ -416,6 +485,8 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
         raise ConfigError(f"config: model_type must be a string, got {d['model_type']!r}")
     if d.get("model_type") == "gemma3_text":
         d = {**GEMMA3_TEXT, **d, "model_type": "gemma3"}
+    elif d.get("model_type") == "gemma4_text":
+        d = {**GEMMA4_TEXT, **d, "model_type": "gemma4"}
     elif d.get("model_type") == "qwen3_5_text":
         d = {**QWEN3_5_TEXT, **d, "model_type": "qwen3_5"}
     elif d.get("model_type") in TEXT_PARTS and "text_config" in d:
@@ -477,12 +548,16 @@ def config_from_hf(d: Any, name: str = "model", runnable: bool = True) -> Config
     )
 
 
+# the model_type a text model's config.json names (a multimodal checkpoint's text part)
+TEXT_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text"}
+
+
 def config_to_hf(c: Config) -> dict[str, Any]:
     """The config.json of a Config (for checkpoints written from a GGUF file): what
     config_from_hf reads back into the same Config."""
     d: dict[str, Any] = {
         "architectures": [FAMILIES[c.arch].hf_class if c.arch in FAMILIES else "LlamaForCausalLM"],
-        "model_type": {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(c.arch, c.arch),
+        "model_type": TEXT_TYPES.get(c.arch, c.arch),
         "hidden_size": c.dim,
         "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads,
@@ -545,6 +620,8 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
             d["attn_logit_softcapping"] = c.attn_softcap
         else:
             d["rope_local_base_freq"] = c.rope_local_theta or c.rope_theta
+    if c.arch == "gemma4":
+        d |= _gemma4_to_hf(c)
     if c.arch in ("phi3", "qwen3_5") and c.rotary_dim:
         d["partial_rotary_factor"] = c.rotary_dim / c.head_dim
     if c.delta is not None:
@@ -576,6 +653,22 @@ def _switches_to_hf(c: Config) -> dict[str, Any]:
               "residual_multiplier": c.residual_scale,
               "logits_scaling": c.logits_scaling}  # fmt: skip
     return d
+
+
+def _gemma4_to_hf(c: Config) -> dict[str, Any]:
+    """A gemma4's switches under Gemma4TextConfig's names (config_from_hf's _gemma4)."""
+    full = [i for i in range(c.n_layers) if c.is_full(i)]
+    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_proportion is not None:
+        full_rope = {"rope_type": "proportional", "rope_theta": c.rope_theta,
+                     "partial_rotary_factor": c.rope_proportion}  # fmt: skip
+    local = {"rope_type": "default", "rope_theta": c.rope_local_theta or c.rope_theta}
+    return {"hidden_activation": GELU, "final_logit_softcapping": c.final_softcap,
+            "per_layer_config": {str(i): {"head_dim": c.layer_head_dim(i)} for i in full},
+            "rope_parameters": {"full_attention": full_rope, "sliding_attention": local},
+            "num_kv_shared_layers": c.kv_shared, "use_double_wide_mlp": c.wide_shared_mlp,
+            "hidden_size_per_layer_input": c.ple_dim,
+            "vocab_size_per_layer_input": c.vocab_size}  # fmt: skip
 
 
 def read_config_json(path: str | Path, runnable: bool = True) -> Config:

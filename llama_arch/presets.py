@@ -90,6 +90,17 @@ FAMILIES = [
         eos_token_id=100257, rope_scaling={
             "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
             "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1}),
+    # Gemma 4's text models (Gemma4TextConfig's defaults for what is not listed: RoPE 1e4 on
+    # the sliding layers, proportional with a quarter turned and 1e6 on the full ones, per-layer
+    # inputs of 256 from a 262144-row table): E2B four sliding layers then a full one, the
+    # last 20 of 35 sharing KV with a double-wide MLP; E4B five then one, 18 of 42 sharing
+    _hf("gemma-4-e2b", "gemma4_text", 1536, 35, 8, 1, 6144, 262144, head_dim=256,
+        global_head_dim=512, sliding_window=512, sliding_window_pattern=5,
+        num_kv_shared_layers=20, use_double_wide_mlp=True, final_logit_softcapping=30.0,
+        eos_token_id=[1, 106]),
+    _hf("gemma-4-e4b", "gemma4_text", 2560, 42, 8, 2, 10240, 262144, head_dim=256,
+        global_head_dim=512, sliding_window=512, sliding_window_pattern=6,
+        num_kv_shared_layers=18, final_logit_softcapping=30.0, eos_token_id=[1, 106]),
 ]  # fmt: skip
 
 PRESETS: dict[str, Config] = {

@@ -219,6 +219,21 @@ FAMILIES: dict[str, dict[str, Any]] = {
                                          "original_max_position_embeddings": 24,
                                          "beta_fast": 16, "beta_slow": 1},
                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    # Gemma 4: sliding layers of head_dim 16 beside full ones of 32 (proportional RoPE, a
+    # quarter turned, their own base) under a window of 6, the last two layers reading the
+    # KV of the last earlier one of their kind with a double-wide MLP, per-layer
+    # embeddings of 8 a layer, v normed, the logits soft-capped
+    "gemma4": dict(arch="gemma4", hidden_size=48, intermediate_size=40, num_hidden_layers=5,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                   global_head_dim=32, sliding_window=6, num_kv_shared_layers=2,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                "sliding_attention", "full_attention"],
+                   use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                   vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+                   rope_parameters={
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                       "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                          "partial_rotary_factor": 0.25}}),
 }  # fmt: skip
 MODELS |= FAMILIES
 
@@ -245,6 +260,7 @@ def hf_classes(arch: str) -> tuple[Any, Any]:
         "qwen3_5": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
         "lfm2": (t.Lfm2ForCausalLM, t.Lfm2Config),
         "olmo3": (t.Olmo3ForCausalLM, t.Olmo3Config),
+        "gemma4": (t.Gemma4ForCausalLM, t.Gemma4TextConfig),
     }[arch]
 
 
@@ -274,6 +290,9 @@ def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
             for n, p in model.named_parameters():  # so that a wrong one shows
                 if "norm" in n or "bias" in n:
                     p.add_(0.2 * torch.randn_like(p))
+            for n, b in model.named_buffers():  # gemma4's layer scalars start at 1
+                if n.endswith("layer_scalar"):
+                    b.mul_(1 + 0.3 * torch.randn_like(b))
         directory.mkdir(parents=True, exist_ok=True)
         model.to(getattr(torch, dtype)).save_pretrained(directory, safe_serialization=True)
         byte_tokenizer(directory)

@@ -24,7 +24,7 @@ from llama_arch import Config, config_to_hf
 from llama_np.errors import UsageError
 from llama_np.io.source import FORMATS_KEY, NORMS_KEY, Source, open_source
 from llama_np.io.tokenizer import HFTokenizer
-from llama_np.model.build import build_weights, layer_tensor_names
+from llama_np.model.build import PLE_NAMES, build_weights, layer_tensor_names
 from llama_np.model.transformer import Layer, Weights
 from quant import Weight
 
@@ -44,8 +44,11 @@ def named_tensors(w: Weights, c: Config) -> dict[str, Weight | np.ndarray]:
     }
     if w.lm_head is not w.embed:
         out["lm_head.weight"] = w.lm_head
-    for i, layer in enumerate(w.layers):
-        out |= {name: layer_part(layer, role, c) for role, name in layer_tensor_names(i, c).items()}
+    if w.ple_embed is not None:  # gemma4's per-layer table, its projection and norm
+        out |= {PLE_NAMES[k]: getattr(w, k) for k in ("ple_embed", "ple_proj", "ple_norm")}
+    for i, layer in enumerate(w.layers):  # (each layer's own head_dim and MLP width)
+        names = layer_tensor_names(i, c).items()
+        out |= {name: layer_part(layer, role, c.at(i)) for role, name in names}
     return out
 
 

@@ -23,7 +23,7 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
     p = f"model.layers.{i}."
     if c.arch == "lfm2":
         return lfm2_names(p, c.mixer(i))
-    gemma = c.arch in ("gemma2", "gemma3")
+    gemma = c.arch in ("gemma2", "gemma3", "gemma4")
     names = {
         "wq": p + "self_attn.q_proj.weight",
         "wk": p + "self_attn.k_proj.weight",
@@ -51,6 +51,14 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
         )
     if c.qk_norm:
         names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
+    if c.ple_dim:
+        names |= {"ple_gate": p + "per_layer_input_gate.weight",
+                  "ple_proj": p + "per_layer_projection.weight",
+                  "ple_norm": p + "post_per_layer_input_norm.weight"}  # fmt: skip
+    if c.layer_scalar:
+        names["layer_scalar"] = p + "layer_scalar"
+    if c.kv_source(i) != i:  # a shared KV layer: no keys or values of its own
+        names = {k: v for k, v in names.items() if k not in ("wk", "wv", "k_norm")}
     biases = {f"b{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"} if c.qkv_bias else {}
     return names | biases | expert_names(p, c)
 
@@ -79,6 +87,21 @@ def lfm2_names(p: str, mixer: str) -> dict[str, str]:
                     "wv": a + "v_proj.weight", "wo": a + "out_proj.weight",
                     "q_norm": a + "q_layernorm.weight",
                     "k_norm": a + "k_layernorm.weight"}  # fmt: skip
+
+
+PLE_NAMES = {
+    "ple_embed": "model.embed_tokens_per_layer.weight",
+    "ple_proj": "model.per_layer_model_projection.weight",
+    "ple_norm": "model.per_layer_projection_norm.weight",
+}  # gemma4's, by role
+
+
+def ple_shapes(c: Config) -> dict[str, tuple[int, ...]]:
+    """Gemma 4's per-layer embeddings: the table (a row of every layer's per token), the
+    projection of the embedding beside it, its norm."""
+    width = c.n_layers * c.ple_dim
+    return {"ple_embed": (c.vocab_size, width), "ple_proj": (width, c.dim),
+            "ple_norm": (c.ple_dim,)}  # fmt: skip
 
 
 def final_norm_name(c: Config) -> str:
@@ -163,7 +186,10 @@ def checked_tensors(c: Config, tensors: dict[str, Tensor]) -> tuple[list[dict], 
     tied = c.tie_embeddings or "lm_head.weight" not in tensors
     head = None if tied else _get(tensors, "lm_head.weight", (c.vocab_size, c.dim))
     norm = _get(tensors, final_norm_name(c), (c.dim,))
-    return layers, {"embed": embed, "norm": norm, "head": head}
+    ple = {}
+    if c.ple_dim:
+        ple = {k: _get(tensors, PLE_NAMES[k], shape) for k, shape in ple_shapes(c).items()}
+    return layers, {"embed": embed, "norm": norm, "head": head} | ple
 
 
 def vector(v: np.ndarray | None) -> np.ndarray | None:
@@ -174,20 +200,24 @@ def vector(v: np.ndarray | None) -> np.ndarray | None:
 
 
 def _assemble(c: Config, layers: list[dict], embed: Matrix, head: Matrix,
-              norm: np.ndarray) -> Weights:  # fmt: skip
+              glob: dict) -> Weights:  # fmt: skip
     out = []
     for m in layers:
         bias = vector(np.concatenate([m["bq"], m["bk"], m["bv"]])) if c.qkv_bias else None
         v = {k: vector(m.get(k)) for k in ("attn_norm", "mlp_norm", "attn_post_norm",
-                                           "mlp_post_norm", "q_norm", "k_norm")}  # fmt: skip
+                                           "mlp_post_norm", "q_norm", "k_norm", "ple_norm",
+                                           "layer_scalar")}  # fmt: skip
         experts = None
         if c.n_experts > 1:
             experts = Experts(m["router"], [m[f"w_gate_up.{e}"] for e in range(c.n_experts)],
                               [m[f"w_down.{e}"] for e in range(c.n_experts)])  # fmt: skip
         out.append(Layer(wqkv=m.get("wqkv"), wo=m["wo"], w_gate_up=m.get("w_gate_up"),
                          w_down=m.get("w_down"), qkv_bias=bias, experts=experts,
-                         mixer=mixer_of(c, m), **v))  # fmt: skip
-    return Weights(embed=embed, layers=out, norm=vector(norm), lm_head=head)
+                         mixer=mixer_of(c, m), ple_gate=m.get("ple_gate"),
+                         ple_proj=m.get("ple_proj"), **v))  # fmt: skip
+    return Weights(embed=embed, layers=out, norm=vector(glob["norm"]), lm_head=head,
+                   ple_embed=glob.get("ple_embed"), ple_proj=glob.get("ple_proj"),
+                   ple_norm=vector(glob.get("ple_norm")))  # fmt: skip
 
 
 def taps(conv: np.ndarray, kernel: int) -> np.ndarray:
@@ -229,7 +259,8 @@ def build_weights(
     if consume:
         tensors.clear()
     tied = glob["head"] is None
-    todo = sum(isinstance(v, Weight) for r in layers for v in r.values()) + 2 - tied
+    ple = [k for k in ("ple_embed", "ple_proj") if k in glob]
+    todo = sum(isinstance(v, Weight) for r in layers for v in r.values()) + 2 - tied + len(ple)
     bar = tqdm(
         total=todo,
         desc=f"weights -> {fmt}",
@@ -250,18 +281,24 @@ def build_weights(
                   if isinstance(v, Weight)})  # fmt: skip
         if "d_qkv" in m:  # a delta net's input projections, one product
             m["d_in"] = stack_rows([m.pop(f"d_{x}") for x in ("qkv", "z", "b", "a")])
-        elif "wq" in m:  # attention's, unless stored fused (phi3): as it is
-            m["wqkv"] = stack_rows([m.pop("wq"), m.pop("wk"), m.pop("wv")])
+        elif "wq" in m:  # attention's, unless stored fused (phi3): as it is (a shared KV
+            # layer's q alone)
+            m["wqkv"] = stack_rows([m.pop(k) for k in ("wq", "wk", "wv") if k in m])
         for e in [None] if c.n_experts <= 1 else range(c.n_experts):
             at = "" if e is None else f".{e}"
             if f"w_gate_up{at}" not in m:
                 m[f"w_gate_up{at}"] = stack_rows([m.pop(f"w_gate{at}"), m.pop(f"w_up{at}")])
+    # the per-layer table read by rows as the embedding is, its projection as the layers
+    extra = [to(glob.pop(k), head_fmt if tied and k == "ple_embed" else fmt) for k in ple]
     bar.close()
     keys = [[k for k, v in m.items() if isinstance(v, Matrix)] for m in layers]
-    matrices = [embed, head] + [m.pop(k) for m, ks in zip(layers, keys, strict=True) for k in ks]
-    del embed, head  # pack frees each matrix once it is in the arena
+    matrices = [embed, head, *extra]
+    matrices += [m.pop(k) for m, ks in zip(layers, keys, strict=True) for k in ks]
+    del embed, head, extra  # pack frees each matrix once it is in the arena
     (embed, head, *rest), _ = arena.pack(matrices)  # the arrays keep the arena alive
+    glob |= dict(zip(ple, rest[: len(ple)], strict=True))
+    rest = rest[len(ple) :]
     for m, ks in zip(layers, keys, strict=True):
         m.update(zip(ks, rest[: len(ks)], strict=True))
         rest = rest[len(ks) :]
-    return _assemble(c, layers, embed, head, glob["norm"])
+    return _assemble(c, layers, embed, head, glob)

@@ -30,7 +30,8 @@ def weight_plan(w: Weights, c: Config) -> tuple[str | list[dict[str, str]], str,
             gate_up, down = layer.experts.gate_up[0], layer.experts.down[0]
         pair = gate_up.leaves()
         gate, up = pair if len(pair) == 2 else [gate_up] * 2
-        mats = (*parts, layer.wo, gate, up, down)
+        ple = () if layer.ple_gate is None else (layer.ple_gate, layer.ple_proj)  # gemma4
+        mats = (*parts, layer.wo, gate, up, down, *ple)
         plan.append({role: m.fmt for role, m in zip(roles, mats, strict=True)})
     uniform = {f for p in plan for f in p.values()}
     layers = uniform.pop() if len(uniform) == 1 else plan

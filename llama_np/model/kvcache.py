@@ -10,6 +10,10 @@ position. All of a cache's stores have one shape (the largest layer's slots: the
 kernels address every layer's stores alike); a ring uses its first W slots, and the
 untouched pages of the rest are never mapped (quant.kv.lazy_zeros).
 
+Gemma 4's full layers have a head_dim of their own: each layer's stores take its own. Its
+last layers share the keys and values of an earlier layer of their kind (Config.kv_source):
+they have no stores, read the source's and write none.
+
 A hybrid's recurrent layers (a gated delta net, a short convolution) keep no keys and
 values: a `State` of fixed size instead, which every token reads and writes whole. A state
 cannot be rewound: `truncate` to an earlier position says False, and a conversation
@@ -38,21 +42,25 @@ def physical_memory() -> int:
 
 def layer_slots(config: Config, capacity: int, window: int | None) -> list[int]:
     """Per layer, the slots its keys and values occupy: its window (a ring), else the
-    capacity; 0 for a layer that does not attend. `window`: a user's, on every layer
-    (None: the model's own)."""
+    capacity; 0 for a layer that does not attend or reads another's (shared KV).
+    `window`: a user's, on every layer (None: the model's own)."""
     out = []
     for i in range(config.n_layers):
         w = config.layer_window(i, window)
-        out.append(0 if config.mixer(i) != "attention" else capacity if w is None else w)
+        own = config.mixer(i) == "attention" and config.kv_source(i) == i
+        out.append(0 if not own else capacity if w is None else w)
     return out
 
 
 def cache_nbytes(config: Config, capacity: int, window: int | None, fmt: str) -> int:
     """Bytes a cache of this capacity (or window) takes once full, recurrent states
     included."""
-    slot = kv_store_class(fmt).slot_nbytes(config.n_kv_heads, config.head_dim)
+    store = kv_store_class(fmt)
+    slots = layer_slots(config, capacity, window)
+    kv = sum(n * store.slot_nbytes(config.n_kv_heads, config.layer_head_dim(i))
+             for i, n in enumerate(slots))  # fmt: skip
     states = sum(4 * state_floats(config, i) for i in range(config.n_layers))
-    return 2 * sum(layer_slots(config, capacity, window)) * slot + states
+    return 2 * kv + states
 
 
 class State:
@@ -140,10 +148,13 @@ class KVCache:
         self.window = window  # a user's, on every layer; None: the model's own
         self.windows = [config.layer_window(i, window) for i in range(config.n_layers)]
         self.capacity = capacity  # positions a full-attention layer can hold
-        self.rings = layer_slots(config, capacity, window)  # each layer's slots
+        self.source = [config.kv_source(i) for i in range(config.n_layers)]  # whose KV
+        own = layer_slots(config, capacity, window)  # each layer's own slots
+        self.rings = [own[j] for j in self.source]  # the slots each layer reads
         self.slots = max(self.rings)  # every store's
         self.backend = backend or numpy_backend()
-        shape = (config.n_kv_heads, self.slots, config.head_dim)
+        self.head_shapes = [(config.n_kv_heads, config.layer_head_dim(i))
+                            for i in range(config.n_layers)]  # fmt: skip
         need = cache_nbytes(config, capacity, window, fmt)
         if need > physical_memory():
             raise UsageError(
@@ -152,18 +163,21 @@ class KVCache:
             )
         self.config = config
         attends = [config.mixer(i) == "attention" for i in range(config.n_layers)]
-        # the stores of the layers that attend (None for a recurrent one), and the states
-        # of those that do not (None for an attention layer)
-        self.k = [self.backend.kv_store(fmt, shape, True) if a else None for a in attends]
-        self.v = [self.backend.kv_store(fmt, shape, False) if a else None for a in attends]
+        # the stores of the layers that attend with KV of their own (None for a recurrent
+        # or shared one), and the states of those that do not attend (None otherwise)
+        shapes = [(n, self.slots, hd) for n, hd in self.head_shapes]
+        self.k = [self.backend.kv_store(fmt, shape, True) if n else None
+                  for shape, n in zip(shapes, own, strict=True)]  # fmt: skip
+        self.v = [self.backend.kv_store(fmt, shape, False) if n else None
+                  for shape, n in zip(shapes, own, strict=True)]  # fmt: skip
         self.states = [None if a else State(config, i) for i, a in enumerate(attends)]
+        self._views: dict[int, KVView] = {}  # a shared source's last step (shared_view)
         # per layer, the stores' arrays as a compiled kernel reads and writes them in place
         self._arrays = [
             (tuple(k.arrays()), tuple(v.arrays())) if k is not None else None
             for k, v in zip(self.k, self.v, strict=True)
         ]
         self.fmt = fmt
-        self.head_shape = (config.n_kv_heads, config.head_dim)
         self.pos = 0  # positions stored so far; the next token has position `pos`
 
     @property
@@ -171,11 +185,9 @@ class KVCache:
         """Every layer that attends is a ring: positions never run out."""
         return all(w is not None for w, k in zip(self.windows, self.k, strict=True) if k)
 
-    @property
-    def stores(self):
-        """A layer's key store that exists: they are all alike (the first attention
-        layer's)."""
-        return next(k for k in self.k if k is not None), next(v for v in self.v if v is not None)
+    def shares(self, layer: int) -> bool:
+        """`layer` attends to another layer's keys and values (gemma4's shared KV)."""
+        return self.source[layer] != layer
 
     def room(self) -> int | None:
         """How many more positions fit; None when windows make the cache endless."""
@@ -192,33 +204,49 @@ class KVCache:
                 f"context full: {p0 + t} positions exceed the context size {self.capacity}"
             )
         none = Span(t, 0, 0, 0, 0)  # a layer that does not attend: no keys, no values
-        if all(k is None for k in self.k):
-            return [none] * len(self.k)
-        K, V = self.stores  # every layer's stores are alike
-        written = t * (K.slot_nbytes(*self.head_shape) + V.slot_nbytes(*self.head_shape))
-        by_window: dict[int | None, Span] = {}
-        out = []
-        for w, ring, k in zip(self.windows, self.rings, self.k, strict=True):
-            if k is None:
+        by_kind: dict[tuple, Span] = {}  # one Span per window and head shape
+        out: list[Span] = []
+        for i, (w, ring, K, V) in enumerate(zip(self.windows, self.rings, self.k, self.v,
+                                                strict=True)):  # fmt: skip
+            if self.shares(i):  # the source's keys, read; nothing written
+                out.append(out[self.source[i]]._replace(write_nbytes=0))
+                continue
+            if K is None:
                 out.append(none)
                 continue
-            if w not in by_window:
+            kind = (w, self.head_shapes[i])
+            if kind not in by_kind:
                 n = p0 + t if w is None else min(p0 + t, w)
                 # a batch under a window reads the keys held, then attends to the new ones
                 read = min(p0, w) if w is not None and t > 1 else n
-                by_window[w] = Span(t, p0 % ring, n, K.stored_nbytes(read) + V.stored_nbytes(read),
-                                    written)  # fmt: skip
-            out.append(by_window[w])
+                written = t * (K.slot_nbytes(*kind[1]) + V.slot_nbytes(*kind[1]))
+                by_kind[kind] = Span(t, p0 % ring, n, K.stored_nbytes(read) + V.stored_nbytes(read),
+                                     written)  # fmt: skip
+            out.append(by_kind[kind])
         return out
 
     def arrays(self, layer: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The arrays of `layer`'s key and value stores, as a compiled kernel takes them: it
-        appends the new position at `Span.slot` in place and attends to `Span.n_keys`."""
-        return self._arrays[layer]
+        appends the new position at `Span.slot` in place and attends to `Span.n_keys`
+        (a shared layer: its source's, which it reads and never appends to)."""
+        return self._arrays[self.source[layer]]
+
+    def shared_view(self, layer: int) -> KVView:
+        """What a shared layer attends to: its source's view in this step (`update` keeps
+        it: a ring may already hold the step's newest keys over the ones a prompt's first
+        tokens see)."""
+        return self._views[self.source[layer]]
 
     def update(self, layer: int, span: Span, k: np.ndarray, v: np.ndarray) -> KVView:
         """Append k, v (T, n_kv, hd) of the span's positions to `layer`; return, as float32,
-        what those T queries attend to (the NumPy kernels)."""
+        what those T queries attend to (the NumPy kernels); kept for the layers that share
+        it (shared_view)."""
+        view = self._update(layer, span, k, v)
+        if layer in self.source[layer + 1 :]:
+            self._views[layer] = view
+        return view
+
+    def _update(self, layer: int, span: Span, k: np.ndarray, v: np.ndarray) -> KVView:
         p0, t, w = self.pos, span.t, self.windows[layer]
         if w is None:
             self.k[layer].write(p0, k)
@@ -274,7 +302,7 @@ class KVCache:
             chunk = min(1024, ring)  # bounded temporary memory; a ring wraps once at most
             for p in range(n - keep, n, chunk):
                 k, v = rng.standard_normal(
-                    (2, min(chunk, n - p), *self.head_shape), dtype=np.float32
+                    (2, min(chunk, n - p), *self.head_shapes[layer]), dtype=np.float32
                 )
                 self._write_ring(layer, p, k, v)
         self.pos = n

@@ -35,6 +35,8 @@ def rope_inv_freq(config: Config, kind: str = "global", long: bool = False) -> n
     exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
     if kind == "none":
         return np.zeros(d // 2, np.float32)
+    if kind == "global" and config.rope_proportion is not None:
+        return proportional_inv_freq(config)
     theta = config.rope_local_theta if kind == "local" else config.rope_theta
     inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponents)
     if kind == "local":
@@ -65,6 +67,18 @@ def rope_inv_freq(config: Config, kind: str = "global", long: bool = False) -> n
     smoothed = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def proportional_inv_freq(c: Config) -> np.ndarray:
+    """gemma4's full layers (transformers' "proportional" RoPE): the first
+    int(p * head_dim / 2) frequencies theta^(-2j / head_dim), the rest 0 (those pairs never
+    turn). (head_dim / 2,)"""
+    half = c.head_dim // 2
+    turned = int(c.rope_proportion * c.head_dim // 2)
+    exponents = np.arange(0, 2 * turned, 2, dtype=np.float32) / np.float32(c.head_dim)
+    out = np.zeros(half, np.float32)
+    out[:turned] = np.float32(1.0) / np.power(np.float32(c.rope_theta), exponents)
+    return out
 
 
 def yarn_inv_freq(inv_freq: np.ndarray, s, dim: int, theta: float) -> np.ndarray:
@@ -259,6 +273,13 @@ class QKNorms(NamedTuple):
         return q, k
 
 
+def norm_heads(x: np.ndarray, head_dim: int, eps: float) -> np.ndarray:
+    """RMSNorm of each head of x (T, heads * head_dim) without a weight (gemma4's v)."""
+    h = x.reshape(x.shape[0], -1, head_dim)
+    ms = np.mean(np.square(h), axis=-1, keepdims=True)
+    return (h * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))).reshape(x.shape)
+
+
 class Residual(NamedTuple):
     """What a sub-block's output goes through before the residual add: an RMSNorm (the
     post-norms of gemma and olmo2) and a scale (granite's residual_multiplier)."""
@@ -360,7 +381,10 @@ class NumpyOps:
         qk: QKNorms,
     ) -> np.ndarray:  # fmt: skip
         """q and k normed (as the family norms them), RoPE, append k and v to the cache,
-        attend: qkv (T, q_dim + 2 kv_dim) -> (T, q_dim)."""
+        attend: qkv (T, q_dim + 2 kv_dim) -> (T, q_dim). A shared KV layer: its q alone
+        (shared_attention)."""
+        if cache.shares(layer):
+            return self.shared_attention(c, qkv, cache, layer, rot, span, qk)
         t = qkv.shape[0]
         q, k = qk.apply(qkv[:, : c.q_dim], qkv[:, c.q_dim : c.q_dim + c.kv_dim], c)
         v = qkv[:, c.q_dim + c.kv_dim :].reshape(t, c.n_kv_heads, c.head_dim)
@@ -371,6 +395,40 @@ class NumpyOps:
             positions = np.arange(cache.pos, cache.pos + t)
             mask = causal_mask(positions, view.positions, cache.windows[layer])  # (T, L)
         return attention(q, view.k, view.v, mask, c.attn_scale, c.attn_softcap)
+
+    def shared_attention(
+        self, c: Config, q: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
+        """A shared KV layer (gemma4): q normed and turned, attending to what its source
+        layer attended to in this step, appending nothing. q (T, q_dim) -> (T, q_dim)"""
+        t = q.shape[0]
+        q = q.reshape(t, c.n_heads, c.head_dim)
+        if qk.q is not None:
+            q = rmsnorm(q, qk.q, qk.eps)
+        view = cache.shared_view(layer)
+        mask = None
+        if view.positions is not None:
+            positions = np.arange(cache.pos, cache.pos + t)
+            mask = causal_mask(positions, view.positions, cache.windows[layer])
+        return attention(rot(q), view.k, view.v, mask, c.attn_scale, c.attn_softcap)
+
+    def norm_values(self, c: Config, qkv: np.ndarray, eps: float) -> np.ndarray:
+        """gemma4: v (qkv's last kv_dim columns) RMS-normed per head without a weight,
+        before it is stored. (T, q_dim + 2 kv_dim)"""
+        qkv = np.array(qkv, np.float32)  # ours to change
+        qkv[:, -c.kv_dim :] = norm_heads(qkv[:, -c.kv_dim :], c.head_dim, eps)
+        return qkv
+
+    def per_layer_inputs(self, c: Config, rows: np.ndarray, proj: np.ndarray, norm: np.ndarray,
+                         eps: float) -> np.ndarray:  # fmt: skip
+        """gemma4's per-layer inputs from the table's rows of the tokens (T, layers *
+        ple_dim) and the embedding's projection (the same shape): the projection times
+        1 / sqrt(dim) and normed per layer, the rows times sqrt(ple_dim), their sum times
+        1 / sqrt(2). -> (T, layers, ple_dim)"""
+        t, p = rows.shape[0], c.ple_dim
+        proj = rmsnorm((proj * np.float32(c.dim**-0.5)).reshape(t, -1, p), norm, eps)
+        return (proj + rows.reshape(t, -1, p) * np.float32(math.sqrt(p))) * np.float32(0.5**0.5)
 
     def forget(self) -> None:
         """Drop what was made once from a model's weights (Transformer.weights_changed)."""

@@ -218,8 +218,9 @@ class CompiledOps(NumpyOps):
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            # hybrids (recurrent mixers, qwen3_5's gated attention) run call by call
-            one = Blocks.packable(blocks) and not c.recurrent and not c.attn_gate
+            # hybrids (recurrent mixers, qwen3_5's gated attention) and gemma4's layers of
+            # two shapes with per-layer inputs run call by call
+            one = Blocks.packable(blocks) and not (c.recurrent or c.attn_gate or c.layered)
             self._blocks = (blocks, Blocks(blocks, c) if one else None)
         return self._blocks[1]
 
@@ -327,7 +328,11 @@ class CompiledOps(NumpyOps):
         """Every sequence's attention in one call (layers.attend_batch) when their caches
         share one layout (their stores' shapes and formats); else one call each."""
         layouts = [self.kv_layout(cache) for cache in caches]
-        if len({shapes for shapes, _ in layouts}) != 1 or qkv.shape[0] == 1:
+        if (
+            len({shapes for shapes, _ in layouts}) != 1
+            or qkv.shape[0] == 1
+            or caches[0].shares(layer)
+        ):  # (a shared KV layer: each sequence's call appends nothing)
             return super().attention_batch(c, qkv, caches, layer, rots, spans, qk)
         kv_at = np.stack([at[layer] for _, at in layouts])
         out = np.empty((qkv.shape[0], c.q_dim), np.float32)
@@ -518,7 +523,10 @@ class CompiledOps(NumpyOps):
     ) -> np.ndarray:  # fmt: skip
         """One token: its q and k normed, RoPE, append and attend in one kernel, the cache
         read in its format. A prompt of T tokens: `prompt_attention`, where its positions
-        fill slots of their own; the NumPy reference where a window's ring wraps within it."""
+        fill slots of their own; the NumPy reference where a window's ring wraps within it.
+        A shared KV layer: shared_attention."""
+        if cache.shares(layer):
+            return self.shared_attention(c, qkv, cache, layer, rot, span, qk)
         if qkv.shape[0] != 1:
             if cache.pos + qkv.shape[0] > cache.rings[layer]:
                 return super().attention(c, qkv, cache, layer, rot, span, qk)
@@ -527,4 +535,24 @@ class CompiledOps(NumpyOps):
         out = np.empty((1, c.q_dim), np.float32)
         attention.attend(qkv[0], rot.cos[0], rot.sin[0], layer_spec(c, qk), keys, values,
                          span.slot, span.n_keys, out[0])  # fmt: skip
+        return out
+
+    def shared_attention(
+        self, c: Config, q: np.ndarray, cache: KVCache, layer: int, rot: Rotary, span: Span,
+        qk: QKNorms,
+    ) -> np.ndarray:  # fmt: skip
+        """A shared KV layer (gemma4): its queries attend to the source layer's stores as a
+        batch's sequences do, appending nothing (slot -1): one token to the span's keys, a
+        prompt's tokens each to the keys up to its own; the NumPy reference where the
+        source's ring wrapped within the prompt (the source ran it too). q (T, q_dim)"""
+        t, p0 = q.shape[0], cache.pos
+        if t != 1 and p0 + t > cache.rings[layer]:
+            return super().shared_attention(c, q, cache, layer, rot, span, qk)
+        keys, values = cache.arrays(layer)
+        at = self.kv_layout(cache)[1][layer]
+        ns = np.array([span.n_keys], np.int64) if t == 1 else np.arange(p0 + 1, p0 + t + 1)
+        out = np.empty((t, c.q_dim), np.float32)
+        layers.attend_batch(np.ascontiguousarray(q), rot.cos, rot.sin, layer_spec(c, qk), keys,
+                            values, np.repeat(at[None], t, 0), np.full(t, -1, np.int64), ns,
+                            out)  # fmt: skip
         return out

@@ -34,6 +34,32 @@ class Seam:
             x *= np.float32(self.config.embed_scale)
         return x
 
+    def per_layer_inputs(self, w, tokens: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+        """gemma4's per-layer inputs of `tokens` (w: the model's Weights) from one row of
+        the per-layer table each and the projection of their embeddings x (T, dim): (T,
+        layers, ple_dim); None for a model without."""
+        if w.ple_embed is None:
+            return None
+        self.meter.read(EMBEDDING, len(tokens) * w.ple_embed.row_nbytes + w.ple_proj.nbytes)
+        self.meter.read(NORMS, w.ple_norm.nbytes)
+        proj = self.ops.norm_linear(x, None, self.eps, w.ple_proj)  # (T, layers * ple_dim)
+        rows = w.ple_embed.rows(tokens)
+        return self.ops.per_layer_inputs(self.config, rows, proj, w.ple_norm, self.eps)
+
+    def per_layer_add(self, x: np.ndarray, layer, inputs: np.ndarray) -> np.ndarray:
+        """gemma4: x + rmsnorm(proj(gelu_tanh(gate(x)) * inputs)), a layer's per-layer
+        input (T, ple_dim) gated by the residual stream: the gate's product, then the
+        projection's as an MLP's down product with [gate | inputs] as its gate and up."""
+        g = self.norm_linear(x, None, layer.ple_gate, MLP)  # (T, ple_dim)
+        post = Residual(layer.ple_norm, self.eps)
+        return self.gated_linear_add(x, layer.ple_proj, np.concatenate([g, inputs], axis=1),
+                                     MLP, post)  # fmt: skip
+
+    def scaled(self, x: np.ndarray, scalar: np.ndarray) -> np.ndarray:
+        """x times a layer's scalar (gemma4's layer_scalar, (1,))."""
+        self.meter.read(NORMS, scalar.nbytes)
+        return x * scalar[0]
+
     def norm_linear(
         self, x: np.ndarray, norm: np.ndarray | None, w: Matrix, category: str, bias=None
     ) -> np.ndarray:
@@ -55,7 +81,7 @@ class Seam:
         self.meter.read(NORMS, nbytes(qk.q, qk.k))
         self.meter.read(KV, span.read_nbytes)
         self.meter.write(KV, span.write_nbytes)
-        return self.ops.attention(self.config, qkv, cache, layer, rot, span, qk)
+        return self.ops.attention(self.config.at(layer), qkv, cache, layer, rot, span, qk)
 
     def recurrent(self, h: np.ndarray, states: list, mixer) -> np.ndarray:
         """A recurrent mixer on its input projection's rows (T tokens of one sequence, or
@@ -78,7 +104,8 @@ class Seam:
         for span in spans:
             self.meter.read(KV, span.read_nbytes)
             self.meter.write(KV, span.write_nbytes)
-        return self.ops.attention_batch(self.config, qkv, caches, layer, rots, spans, qk)
+        c = self.config.at(layer)
+        return self.ops.attention_batch(c, qkv, caches, layer, rots, spans, qk)
 
     def decode_blocks(
         self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,

@@ -7,11 +7,13 @@ import numpy as np
 
 from llama_arch import Config, load_config
 from llama_np.model.build import (
+    PLE_NAMES,
     Tensor,
     build_weights,
     final_norm_name,
     layer_shapes,
     layer_tensor_names,
+    ple_shapes,
     role_shape,
 )
 from llama_np.model.transformer import Transformer
@@ -58,4 +60,9 @@ def random_model(
     if not c.tie_embeddings:
         tensors["lm_head.weight"] = table.random((c.vocab_size, c.dim), rng)
     tensors[final_norm_name(c)] = np.ones(c.dim, np.float32)
+    if c.ple_dim:  # gemma4's per-layer table (read by rows, as the embedding), projection
+        shapes = ple_shapes(c)
+        tensors[PLE_NAMES["ple_embed"]] = table.random(shapes["ple_embed"], rng)
+        tensors[PLE_NAMES["ple_proj"]] = cls.random(shapes["ple_proj"], rng)
+        tensors[PLE_NAMES["ple_norm"]] = np.ones(c.ple_dim, np.float32)
     return Transformer(c, build_weights(c, tensors, backend=backend), backend)

@@ -98,19 +98,24 @@ class Layer:
     qkv_bias: np.ndarray | None = None  # (rows of wqkv,): qwen2's q, k, v biases
     experts: Experts | None = None  # a mixture of experts' MLP, instead of w_gate_up, w_down
     mixer: DeltaMixer | ConvMixer | None = None  # a recurrent mixer; None: attention
+    ple_gate: Matrix | None = None  # (ple_dim, dim): gemma4's per-layer input gate
+    ple_proj: Matrix | None = None  # (dim, ple_dim): ... projected back to the stream
+    ple_norm: np.ndarray | None = None  # (dim,): ... normed before it is added
+    layer_scalar: np.ndarray | None = None  # (1,): gemma4: the block's output times this
 
     def matrices(self) -> list[Matrix]:
         """Every matrix of the block."""
         first = self.wqkv if self.mixer is None else self.mixer.w_in
+        ple = [] if self.ple_gate is None else [self.ple_gate, self.ple_proj]
         if self.experts is not None:
-            return [first, self.wo, *self.experts.matrices()]
-        return [first, self.wo, self.w_gate_up, self.w_down]
+            return [first, self.wo, *self.experts.matrices(), *ple]
+        return [first, self.wo, self.w_gate_up, self.w_down, *ple]
 
     def vectors(self) -> list[np.ndarray]:
-        """The norm weights it has."""
+        """The norm weights it has (and gemma4's layer scalar)."""
         own = None if self.mixer is None else self.mixer.norm  # a delta net's output norm
         norms = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm,
-                 self.q_norm, self.k_norm, own)  # fmt: skip
+                 self.q_norm, self.k_norm, own, self.ple_norm, self.layer_scalar)  # fmt: skip
         return [v for v in norms if v is not None]
 
     def mixer_weights(self) -> list[np.ndarray]:
@@ -124,17 +129,23 @@ class Weights:
     layers: list[Layer]  # (n_layers,)
     norm: np.ndarray  # (dim,)
     lm_head: Matrix  # (vocab_size, dim); the very same object as `embed` when tied
+    # gemma4's per-layer embeddings: the table, read by rows as `embed` is, the projection
+    # of the embedding beside it and its norm (per_layer_inputs); None without
+    ple_embed: Matrix | None = None  # (vocab_size, n_layers * ple_dim)
+    ple_proj: Matrix | None = None  # (n_layers * ple_dim, dim)
+    ple_norm: np.ndarray | None = None  # (ple_dim,)
 
     def matrices(self) -> list[Matrix]:
         """Every distinct matrix once (a tied embedding is one matrix)."""
         seen: dict[int, Matrix] = {}
-        for w in [self.embed, self.lm_head] + [m for l in self.layers for m in l.matrices()]:
+        ple = [] if self.ple_embed is None else [self.ple_embed, self.ple_proj]
+        for w in [self.embed, self.lm_head, *ple] + [m for l in self.layers for m in l.matrices()]:
             seen.setdefault(id(w), w)
         return list(seen.values())
 
     @property
     def nbytes(self) -> int:
-        vectors = [self.norm] + [
+        vectors = [self.norm, self.ple_norm] + [
             v for l in self.layers for v in [*l.vectors(), *l.mixer_weights(), l.qkv_bias]
         ]
         return sum(v.nbytes for v in vectors if v is not None) + sum(
@@ -255,12 +266,13 @@ class Transformer:
         spans = cache.spans(t)  # per layer: where the new positions go, what they attend to
         self.meter.begin("decode" if t == 1 else "prefill", p0, t)
         x = seam.embed(w.embed, tokens)  # (T, dim)
+        ple = seam.per_layer_inputs(w, tokens, x)  # (T, layers, ple_dim) or None
         rots = self.rotaries(np.arange(p0, p0 + t), cache)  # per layer
         # a decode step runs every block in one call (x in place) where the backend can
         if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans)):
             x = self._blocks(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
                                                                   qk),
-                             lambda i: [cache.states[i]])  # fmt: skip
+                             lambda i: [cache.states[i]], ple)  # fmt: skip
         cache.advance(t)
         logits = self._head(x if all_logits else x[-1:])
         self.meter.end()
@@ -283,18 +295,19 @@ class Transformer:
         out = []
         for i in range(c.n_layers):
             kind = c.layer_rope(i)
-            if kind not in kinds:
-                freq = self._inv_freq(kind, long)
-                kinds[kind] = self.ops.rotary(positions, freq, c.head_dim, rope_scale(c, kind))
+            if kind not in kinds:  # (a kind's layers share a head_dim: gemma4's full ones)
+                freq = self._inv_freq(kind, long, i)
+                kinds[kind] = self.ops.rotary(positions, freq, c.at(i).head_dim,
+                                              rope_scale(c, kind))  # fmt: skip
             out.append(kinds[kind])
         return out
 
-    def _inv_freq(self, kind: str, long: bool) -> np.ndarray:
-        """rope_inv_freq, once per kind for this model (a per-model dict: functools.cache on
-        a method would keep every model alive)."""
+    def _inv_freq(self, kind: str, long: bool, layer: int) -> np.ndarray:
+        """rope_inv_freq of `layer`'s kind, once per kind for this model (a per-model dict:
+        functools.cache on a method would keep every model alive)."""
         key = (kind, long)
         if key not in self._freqs:
-            self._freqs[key] = rope_inv_freq(self.config, kind, long)
+            self._freqs[key] = rope_inv_freq(self.config.at(layer), kind, long)
         return self._freqs[key]
 
     @functools.cached_property
@@ -311,10 +324,12 @@ class Transformer:
                 reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
         return dict(reads)
 
-    def _blocks(self, x: np.ndarray, attend: Callable, states: Callable) -> np.ndarray:
+    def _blocks(self, x: np.ndarray, attend: Callable, states: Callable,
+                ple: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """The decoder blocks on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim);
         `states(layer)`: the recurrent states a recurrent layer carries on (one for a
-        prompt, one per row for a batch's step)."""
+        prompt, one per row for a batch's step); `ple` (T, layers, ple_dim): gemma4's
+        per-layer inputs."""
         c, seam = self.config, self.seam
         eps, scale = c.norm_eps, c.residual_scale
         for i, layer in enumerate(self.weights.layers):
@@ -326,6 +341,8 @@ class Transformer:
                 gate = None
                 if c.attn_gate:  # qwen3_5: each head's q followed by its gate
                     qkv, gate = self.ops.split_gate(c, qkv)
+                if c.v_norm and c.kv_source(i) == i:  # gemma4 (a shared layer: no v)
+                    qkv = self.ops.norm_values(c.at(i), qkv, eps)
                 mixed = attend(qkv, i, QKNorms(layer.q_norm, layer.k_norm, eps))  # (T, q_dim)
                 if gate is not None:
                     mixed = self.ops.sigmoid_gate(mixed, gate)
@@ -337,6 +354,10 @@ class Transformer:
                 continue
             gate_up = seam.norm_linear(x, layer.mlp_norm, layer.w_gate_up, MLP)  # (T, 2 hidden)
             x = seam.gated_linear_add(x, layer.w_down, gate_up, MLP, post)
+            if ple is not None:  # gemma4: the layer's per-layer input
+                x = seam.per_layer_add(x, layer, ple[:, i])
+            if layer.layer_scalar is not None:  # gemma4: the layer's output scaled
+                x = seam.scaled(x, layer.layer_scalar)
         return x
 
     def step_batch(self, tokens: np.ndarray, caches: Sequence[KVCache]) -> np.ndarray:
@@ -354,6 +375,7 @@ class Transformer:
         spans = [c.spans(1) for c in caches]  # per sequence, per layer
         self.meter.begin("decode", min(c.pos for c in caches), len(caches), len(caches))
         x = seam.embed(w.embed, tokens)  # (B, dim)
+        ple = seam.per_layer_inputs(w, tokens, x)  # (B, layers, ple_dim) or None
         rots = [self.rotaries(np.array([c.pos]), c) for c in caches]  # per sequence, per layer
         # a few sequences' step runs every block in one call (x in place) where the backend
         # can; a batch of one, the one-sequence step's call (forward's decode_blocks)
@@ -363,7 +385,7 @@ class Transformer:
         if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
             x = self._blocks(x, lambda qkv, i, qk: seam.attention_batch(
                 qkv, caches, i, [r[i] for r in rots], [s[i] for s in spans], qk),
-                lambda i: [c.states[i] for c in caches])  # fmt: skip
+                lambda i: [c.states[i] for c in caches], ple)  # fmt: skip
         for c in caches:
             c.advance(1)
         logits = self._head(x)  # (B, vocab)

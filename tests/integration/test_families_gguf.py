@@ -170,6 +170,7 @@ def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
     ("arch", "keys", "says"),
     [
         ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
+        ("gemma4", {}, "unsupported GGUF architecture 'gemma4'"),  # (its safetensors run)
         ("nemotron_h", {}, "unsupported GGUF architecture 'nemotron_h'"),
         ("qwen2", {"expert_count": 8}, "a mixture of experts (qwen2.expert_count = 8)"),
         ("qwen2moe", {}, "unsupported GGUF architecture 'qwen2moe'"),

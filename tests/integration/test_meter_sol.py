@@ -45,6 +45,15 @@ K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 KV = ["f32", "f16", "q8_0"]
 CASES = list(itertools.product(SHAPES, WEIGHTS, KV))
 CASES += [("qwen_like", fmt, kv) for fmt in K_QUANTS for kv in KV]
+# gemma4: full layers with twice the sliding ones' head_dim, the last two reading layers 0's
+# and 1's KV (read where read, never written) with a double-wide MLP, a row of the per-layer
+# table and its projection a token, each layer's gate and projection, norms and scalar
+SHAPES["gemma4_like"] = Config(
+    "gemma4", 64, 4, 4, 2, 32, 96, 100, tie_embeddings=True, qk_norm="head", post_norm=True,
+    mlp_act="gelu_tanh", sliding_window=8, sliding_layers=(True, False, True, False),
+    rope_local_theta=1e4, global_head_dim=64, rope_proportion=0.25, v_norm=True, kv_shared=2,
+    wide_shared_mlp=True, ple_dim=32, layer_scalar=True)  # fmt: skip
+CASES += [("gemma4_like", fmt, kv) for fmt in ("f32", "q8_0", "q4_1") for kv in ("f32", "q8_0")]
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])

@@ -190,3 +190,27 @@ def test_written_config_reads_back_through_transformers(name, tmp_path):
     AutoConfig.from_pretrained(tmp_path).save_pretrained(tmp_path / "saved")
     back = read_config_json(tmp_path / "saved" / "config.json")
     assert replace(back, name=c.name) == c
+
+
+def test_gemma4_switches_and_refusals():
+    """Gemma 4's presets: the full layers' head_dim, who shares whose KV, the double-wide
+    MLP; a token reads one row of the per-layer table (2.35B of E2B's 4.6B text parameters),
+    so it reads about half the parameters. The MoE block and attention_k_eq_v are refused
+    in one line naming them."""
+    from bench.sol import estimate
+    from llama_arch.tensors import layer_matrices
+
+    e2b = PRESETS["gemma-4-e2b"]
+    assert [i for i in range(35) if e2b.is_full(i)] == [4, 9, 14, 19, 24, 29, 34]
+    assert (e2b.layer_head_dim(4), e2b.layer_head_dim(3), e2b.kv_source(15)) == (512, 256, 13)
+    assert (e2b.kv_source(34), e2b.kv_source(14), e2b.rope_proportion) == (14, 14, 0.25)
+    assert layer_matrices(e2b, 15)["w_up"] == (12288, 1536) and "wk" not in layer_matrices(e2b, 15)
+    est = estimate(e2b)
+    assert est.params_total / 1e9 == pytest.approx(4.63, abs=0.01)
+    assert est.params_active / 1e9 == pytest.approx(2.28, abs=0.01)
+    assert PRESETS["gemma-4-e4b"].kv_source(41) == 23
+    base = {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 96, "vocab_size": 50}  # fmt: skip
+    for key in ("enable_moe_block", "attention_k_eq_v"):
+        with pytest.raises(ConfigError, match=f"gemma4's {key}"):
+            config_from_hf({**base, key: True})

@@ -32,6 +32,13 @@ SHAPES = {
     "sliding": Config("olmo3", 64, 2, 4, 2, 16, 96, 90, qk_norm="all", pre_norm=False,
                       post_norm=True, sliding_window=5, sliding_layers=(True, False),
                       rope_local_theta=1e4),
+    # gemma4: head_dim 16 on the sliding layers, 32 on the full ones (proportional RoPE),
+    # the last two reading layers 0's and 1's KV with a double-wide MLP, per-layer inputs
+    "shared": Config("gemma4", 64, 4, 4, 2, 16, 96, 90, qk_norm="head", post_norm=True,
+                     mlp_act="gelu_tanh", attn_scale=1.0, sliding_window=5,
+                     sliding_layers=(True, False, True, False), rope_local_theta=1e4,
+                     rope_theta=1e6, global_head_dim=32, rope_proportion=0.25, v_norm=True,
+                     kv_shared=2, wide_shared_mlp=True, ple_dim=32, layer_scalar=True),
 }  # fmt: skip
 KERNELS = ["numpy", "numba-int16", "numba-int8", "numba-f32"]
 
@@ -145,3 +152,12 @@ def test_a_recurrent_state_is_never_rewound():
     assert cache.pos == 0 and not any(s.s.any() or s.conv.any() for s in cache.states if s)
     plain = random_model(SHAPES["sliding"], "f32", None).new_cache(16)
     assert plain.states == [None, None] and plain.truncate(0)
+
+
+def test_a_gemma4_weight_plan_names_every_matrix():
+    """bench's plan of formats by role covers the shared layers' q alone and each layer's
+    per-layer input gate and projection."""
+    from llama_np.model.decoder import weight_plan
+
+    model = random_model(SHAPES["shared"], "q8_0", None)
+    assert weight_plan(model.weights, model.config) == ("q8_0", "q8_0", "q8_0")
