@@ -20,9 +20,9 @@ SEQ, TOL = 40, 1e-4
 
 
 def test_every_family_has_a_fixture():
-    assert FAMILIES == ["gemma2", "gemma3", "granite", "granitemoe", "lfm2", "mixtral", "olmo2",
-                        "olmo3", "olmoe", "phi3", "qwen3", "qwen3_5", "qwen3_5-mtp", "qwen3_moe",
-                        "smollm3"]  # fmt: skip
+    assert FAMILIES == ["gemma2", "gemma3", "gemma4", "granite", "granitemoe", "lfm2", "mixtral",
+                        "olmo2", "olmo3", "olmoe", "phi3", "qwen3", "qwen3_5", "qwen3_5-mtp",
+                        "qwen3_moe", "smollm3"]  # fmt: skip
 
 
 MOE = ["granitemoe", "mixtral", "olmoe", "qwen3_moe"]
@@ -134,6 +134,27 @@ def test_the_metadata_reads_as_llama_cpp_reads_it():
         8.0,
         o3.rope_theta,
     )
+    g4 = c["gemma4"]  # two head sizes, rope_freqs' 1s as the proportion turned, per layer
+    # the MLP's width (twice in the shared KV layers)
+    assert (g4.head_dim, g4.global_head_dim, g4.rope_proportion) == (16, 32, 0.25)
+    assert g4.sliding_layers == (True, False, True, True, False) and g4.sliding_window == 6
+    assert (g4.kv_shared, g4.wide_shared_mlp, g4.hidden_dim, g4.ple_dim) == (2, True, 40, 8)
+    assert (g4.rope_theta, g4.rope_local_theta, g4.attn_scale) == (1e6, 1e4, 1.0)
+    assert g4.rope_freq_factors is None and g4.final_softcap == 3.0
+
+
+def test_gemma4s_vocabulary_is_its_tokenizer_jsons():
+    """The converter's gemma4 vocabulary (tokens and merges of tokenizer.json) encodes as
+    the tokenizer.json it came from: spaces as "▁", no dummy prefix, newlines."""
+    from tokenizers import Tokenizer
+
+    d = FIXTURES / "gemma4"
+    theirs = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok = llama_np.load(d / "gemma4.gguf", kernels="numpy").tokenizer
+    for text in ("Once upon a time, the lazy dog 1234 walked ünïcödé.", " two  spaces\n\nx\n"):
+        assert tok.encode(text, bos=False) == theirs.encode(text).ids
+        assert tok.decode(tok.encode(text, bos=False)) == text
+    assert tok.encode("hi")[0] == 1  # BOS
 
 
 def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
@@ -170,7 +191,6 @@ def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
     ("arch", "keys", "says"),
     [
         ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
-        ("gemma4", {}, "unsupported GGUF architecture 'gemma4'"),  # (its safetensors run)
         ("nemotron_h", {}, "unsupported GGUF architecture 'nemotron_h'"),
         ("qwen2", {"expert_count": 8}, "a mixture of experts (qwen2.expert_count = 8)"),
         ("qwen2moe", {}, "unsupported GGUF architecture 'qwen2moe'"),
