@@ -403,10 +403,8 @@ def _gemma4(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
                            f"{len(pattern)} layers of {n}")  # fmt: skip
     shared = meta.get(a + "attention.shared_kv_layers", int, 0)
     swa_dim = meta.get(a + "attention.key_length_swa", int)
-    if meta.get(a + "rope.dimension_count_swa", int, swa_dim) != swa_dim:
-        raise LlamaNpError(f"{meta.path}: partial RoPE on gemma4's sliding layers is not "
-                           "supported")  # fmt: skip
-    _same(meta, a + "attention.head_count_kv", n)
+    _whole_heads_turn(meta, a, hf["head_dim"], swa_dim)
+    _same(meta, a + "attention.head_count_kv")
     ple = tensors.get("per_layer_token_embd.weight")
     return {"head_dim": swa_dim, "global_head_dim": hf["head_dim"],
             "layer_types": ["sliding_attention" if p else "full_attention" for p in pattern],
@@ -418,7 +416,16 @@ def _gemma4(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
                 meta, a, n - shared)  # fmt: skip
 
 
-def _same(meta: Metadata, key: str, n: int) -> None:
+def _whole_heads_turn(meta: Metadata, a: str, full_dim: int, swa_dim: int) -> None:
+    """RoPE's dimension counts are the head sizes, as the converter writes them (the full
+    layers' proportion is in rope_freqs); another partial RoPE is refused."""
+    for key, dim in (("rope.dimension_count", full_dim), ("rope.dimension_count_swa", swa_dim)):
+        if (rot := meta.get(a + key, int, dim)) != dim:
+            raise LlamaNpError(f"{meta.path}: {a}{key} {rot} is not the head size {dim} "
+                               "(partial RoPE there is not supported)")  # fmt: skip
+
+
+def _same(meta: Metadata, key: str) -> None:
     """A key written per layer says the same of each (the engine's one value for all)."""
     field = meta.fields.get(key)
     if field is not None and len(field.types) > 1 and len(set(meta.get(key, list))) > 1:

@@ -239,3 +239,58 @@ def test_a_missing_tensor_is_named_as_the_gguf_names_it(tmp_path):
     w.close()
     with pytest.raises(llama_np.errors.LlamaNpError, match=r"'blk\.0\.post_ffw_norm\.weight'"):
         llama_np.load(tmp_path / "cut.gguf", kernels="numpy")
+
+
+class Field:
+    """A GGUF metadata field as the gguf package's reader gives it: an array or a value."""
+
+    def __init__(self, value):
+        self.value, self.types = value, [0, 0] if isinstance(value, list) else [0]
+
+    def contents(self):
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("keys", "freqs", "says"),
+    [
+        ({}, [1.0] * 4 + [2.0] * 12, "rope_freqs is not proportional RoPE over 16"),
+        ({}, [1.0] * 8, "rope_freqs is not proportional RoPE over 16"),
+        ({"feed_forward_length": [40, 48, 40, 80, 80]}, None, "is not one width"),
+        ({"feed_forward_length": [40, 40, 40, 80, 96]}, None, "is not one width"),
+        ({"attention.head_count_kv": [1, 2, 1, 1, 2]}, None, "differs between layers"),
+        ({"rope.dimension_count_swa": 8}, None, "dimension_count_swa 8 is not the head size 16"),
+        ({"rope.dimension_count": 16}, None, "dimension_count 16 is not the head size 32"),
+        ({"attention.sliding_window_pattern": [True, False]}, None, "names 2 layers of 5"),
+    ],
+)
+def test_a_gemma4_file_outside_what_runs_is_one_line(keys, freqs, says):
+    """What the converter never writes for the models that run (another RoPE, an MLP width
+    other than one, or twice it on the shared KV layers, KV heads by layer) is refused in
+    one line naming the key."""
+    from types import SimpleNamespace
+
+    from llama_np.io.gguf import _reader
+    from llama_np.io.gguf_config import Metadata, config_from_gguf
+
+    path = FIXTURES / "gemma4" / "gemma4.gguf"
+    reader = _reader(path)
+    meta = Metadata(reader, path)
+    meta.fields = {**meta.fields, **{f"gemma4.{k}": Field(v) for k, v in keys.items()}}
+    tensors = {t.name: t for t in reader.tensors}
+    if freqs is not None:
+        tensors["rope_freqs.weight"] = SimpleNamespace(data=np.array(freqs, np.float32))
+    with pytest.raises(llama_np.errors.LlamaNpError, match=says):
+        config_from_gguf(meta, tensors)
+
+
+def test_gemma4_without_rope_freqs_turns_every_dim():
+    """A file without rope_freqs (llama.cpp then turns every dim of the full layers)."""
+    from llama_np.io.gguf import _reader
+    from llama_np.io.gguf_config import Metadata, config_from_gguf
+
+    path = FIXTURES / "gemma4" / "gemma4.gguf"
+    reader = _reader(path)
+    tensors = {t.name: t for t in reader.tensors if t.name != "rope_freqs.weight"}
+    c = config_from_gguf(Metadata(reader, path), tensors)
+    assert (c.rope_proportion, c.global_head_dim, c.rope_freq_factors) == (None, 32, None)
