@@ -112,14 +112,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                             "factor": 8.0, "original_max_position_embeddings": 32,
                                             "attention_factor": 1 + 0.1 * math.log(8.0)},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}})),
-    # Gemma 4 as tests/helpers' model: sliding layers of head_dim 16 beside full ones of 32
+    # Gemma 4 at tests/helpers' model's shapes: sliding layers of head_dim 16 beside full ones of 32
     # (proportional RoPE, a quarter turned) under a window of 6, the last two layers reading
-    # an earlier layer's KV with a double-wide MLP, per-layer embeddings of 8 a layer
+    # an earlier layer's KV with a double-wide MLP, per-layer embeddings of 8 a layer; the
+    # last layers before the shared ones a sliding and a full one (llama.cpp's shared
+    # layers read those two, whatever their kind)
     "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig", dict(
         hidden_size=48, intermediate_size=40, num_hidden_layers=5, num_attention_heads=2,
         head_dim=16, global_head_dim=32, sliding_window=6, num_kv_shared_layers=2,
-        initializer_range=0.1, layer_types=["sliding_attention", "full_attention",
-                                            "sliding_attention", "sliding_attention",
+        initializer_range=0.1, layer_types=["sliding_attention", "sliding_attention",
+                                            "full_attention", "sliding_attention",
                                             "full_attention"],
         use_double_wide_mlp=True, hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,

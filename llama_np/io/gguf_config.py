@@ -402,6 +402,7 @@ def _gemma4(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
         raise LlamaNpError(f"{meta.path}: {a}attention.sliding_window_pattern names "
                            f"{len(pattern)} layers of {n}")  # fmt: skip
     shared = meta.get(a + "attention.shared_kv_layers", int, 0)
+    _shared_as_transformers(meta, a, pattern, shared)
     swa_dim = meta.get(a + "attention.key_length_swa", int)
     _whole_heads_turn(meta, a, hf["head_dim"], swa_dim)
     _same(meta, a + "attention.head_count_kv")
@@ -414,6 +415,27 @@ def _gemma4(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
             "final_logit_softcapping": meta.get(a + "final_logit_softcapping", float, None),
             "rope_parameters": _gemma4_rope(meta, a, hf, tensors)} | _gemma4_mlp(
                 meta, a, n - shared)  # fmt: skip
+
+
+def _shared_as_transformers(meta: Metadata, a: str, pattern: list, shared: int) -> None:
+    """llama.cpp's shared KV layers read the KV of layer first - 1 (the full ones) or first -
+    2 (the sliding ones), first the first shared layer: transformers' pick (the last earlier
+    layer of a layer's kind) where those are a full and a sliding layer, as in the Gemma 4
+    models; the last layer is full (transformers makes it so). Other files are refused."""
+    if not 0 <= shared < len(pattern):
+        raise LlamaNpError(f"{meta.path}: {a}attention.shared_kv_layers {shared} of "
+                           f"{len(pattern)} layers")  # fmt: skip
+    first = len(pattern) - shared
+    for i in range(first, len(pattern)):
+        src = first - (2 if pattern[i] else 1)
+        if src < 0 or pattern[src] != pattern[i]:
+            raise LlamaNpError(f"{meta.path}: {a}attention.shared_kv_layers: layer {i} would read "
+                               f"layer {src}'s KV, not one of its kind")  # fmt: skip
+    if pattern and pattern[-1]:
+        raise LlamaNpError(
+            f"{meta.path}: {a}attention.sliding_window_pattern: the last layer "
+            "sliding (transformers' Gemma 4 attends fully there) is not supported"
+        )
 
 
 def _whole_heads_turn(meta: Metadata, a: str, full_dim: int, swa_dim: int) -> None:

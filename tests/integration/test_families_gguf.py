@@ -137,7 +137,8 @@ def test_the_metadata_reads_as_llama_cpp_reads_it():
     g4 = c["gemma4"]  # two head sizes, rope_freqs' 1s as the proportion turned, per layer
     # the MLP's width (twice in the shared KV layers)
     assert (g4.head_dim, g4.global_head_dim, g4.rope_proportion) == (16, 32, 0.25)
-    assert g4.sliding_layers == (True, False, True, True, False) and g4.sliding_window == 6
+    assert g4.sliding_layers == (True, True, False, True, False) and g4.sliding_window == 6
+    assert [g4.kv_source(i) for i in range(5)] == [0, 1, 2, 1, 2]  # llama.cpp's, too
     assert (g4.kv_shared, g4.wide_shared_mlp, g4.hidden_dim, g4.ple_dim) == (2, True, 40, 8)
     assert (g4.rope_theta, g4.rope_local_theta, g4.attn_scale) == (1e6, 1e4, 1.0)
     assert g4.rope_freq_factors is None and g4.final_softcap == 3.0
@@ -262,12 +263,29 @@ class Field:
         ({"rope.dimension_count_swa": 8}, None, "dimension_count_swa 8 is not the head size 16"),
         ({"rope.dimension_count": 16}, None, "dimension_count 16 is not the head size 32"),
         ({"attention.sliding_window_pattern": [True, False]}, None, "names 2 layers of 5"),
+        (
+            {"attention.sliding_window_pattern": [True, False, True, True, False]},
+            None,
+            "layer 3 would read layer 1's KV, not one of its kind",
+        ),
+        (
+            {"attention.sliding_window_pattern": [False, True, True, False, False]},
+            None,
+            "layer 3 would read layer 2's KV",
+        ),
+        (
+            {"attention.shared_kv_layers": 0, "attention.sliding_window_pattern": [True] * 5},
+            None,
+            "the last layer sliding",
+        ),
+        ({"attention.shared_kv_layers": 5}, None, "shared_kv_layers 5 of 5 layers"),
     ],
 )
 def test_a_gemma4_file_outside_what_runs_is_one_line(keys, freqs, says):
     """What the converter never writes for the models that run (another RoPE, an MLP width
-    other than one, or twice it on the shared KV layers, KV heads by layer) is refused in
-    one line naming the key."""
+    other than one, or twice it on the shared KV layers, KV heads by layer, shared layers
+    that llama.cpp points at a layer of the other kind) is refused in one line naming the
+    key."""
     from types import SimpleNamespace
 
     from llama_np.io.gguf import _reader
