@@ -15,7 +15,7 @@ class Family:
     moe: bool = False  # a mixture of experts
     permuted: bool = False  # the converter permutes Q and K rows (llama.cpp's NORM RoPE)
     norm_plus_one: bool = False  # transformers' RMSNorm as x * (1 + w); a GGUF holds 1 + w
-    gguf_read: bool = True  # its GGUF files are read (gemma4: its safetensors only, so far)
+    gguf_read: bool = True  # its GGUF files are read (False: refused, its safetensors run)
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -25,7 +25,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
     Family("gemma2", "Gemma2ForCausalLM", "gemma2", norm_plus_one=True),
     Family("gemma3", "Gemma3ForCausalLM", "gemma3", norm_plus_one=True),
-    Family("gemma4", "Gemma4ForCausalLM", "gemma4", gguf_read=False),  # norms x * w
+    Family("gemma4", "Gemma4ForCausalLM", "gemma4"),  # norms x * w
     Family("phi3", "Phi3ForCausalLM", "phi3"),
     Family("smollm3", "SmolLM3ForCausalLM", "smollm3", permuted=True),
     Family("olmo2", "Olmo2ForCausalLM", "olmo2"),

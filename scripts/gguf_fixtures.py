@@ -112,10 +112,29 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                             "factor": 8.0, "original_max_position_embeddings": 32,
                                             "attention_factor": 1 + 0.1 * math.log(8.0)},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}})),
+    # Gemma 4 at tests/helpers' model's shapes: sliding layers of head_dim 16 beside full ones of 32
+    # (proportional RoPE, a quarter turned) under a window of 6, the last two layers reading
+    # an earlier layer's KV with a double-wide MLP, per-layer embeddings of 8 a layer; the
+    # last layers before the shared ones a sliding and a full one (llama.cpp's shared
+    # layers read those two, whatever their kind)
+    "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig", dict(
+        hidden_size=48, intermediate_size=40, num_hidden_layers=5, num_attention_heads=2,
+        head_dim=16, global_head_dim=32, sliding_window=6, num_kv_shared_layers=2,
+        initializer_range=0.1, layer_types=["sliding_attention", "sliding_attention",
+                                            "full_attention", "sliding_attention",
+                                            "full_attention"],
+        use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+        tie_word_embeddings=True, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                               "partial_rotary_factor": 0.25}})),
 }  # fmt: skip
 MTP = ("qwen3_5-mtp",)  # converted with its multi-token-prediction layer (the others --no-mtp)
 # the converter reads only a byte-level BPE
 BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5", "qwen3_5-mtp", "lfm2", "olmo3")
+# the converter reads only a tokenizer.json: the SentencePiece model's, as Gemma's (sp_json)
+SP_JSON = ("gemma4",)
 # files llama.cpp's quantizer makes from the converter's (tests/fixtures/quantized/NAME.gguf):
 # name: (family, the config's fields over the family's, llama-quantize's type); rows of 256
 QUANTIZED: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -169,6 +188,24 @@ def byte_bpe(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
+def sp_json(directory: Path, sp_model: Path) -> None:
+    """Gemma 4's converter reads a tokenizer.json (byte-fallback BPE) and no tokenizer.model:
+    the SentencePiece model's pieces and merges (tests.helpers.sp_tokenizer_json) as Gemma
+    lays them out, spaces made "▁" with no dummy prefix, BOS left to the caller."""
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import sp_tokenizer_json
+
+    sp_tokenizer_json(sp_model, directory)
+    tok = json.loads((directory / "tokenizer.json").read_text())
+    tok["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    tok["decoder"]["decoders"] = tok["decoder"]["decoders"][:3]  # no Strip of the prefix
+    tok["post_processor"] = None
+    (directory / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    cfg = json.loads((directory / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
 def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> None:
     """The family's random model (its fields and `more`), saved by transformers in
     bfloat16; norms and biases moved off their starting values so that a wrong one shows."""
@@ -186,11 +223,16 @@ def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> Non
         for n, p in model.named_parameters():
             if "norm" in n or "bias" in n or n.endswith("A_log"):
                 p.add_(0.2 * torch.randn_like(p))
+        for n, b in model.named_buffers():  # gemma4's layer scalars start at 1
+            if n.endswith("layer_scalar"):
+                b.mul_(1 + 0.3 * torch.randn_like(b))
     model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
     if family in MTP:
         add_mtp(directory)
     if family in BYTE_BPE:
         byte_bpe(directory)
+    elif family in SP_JSON:
+        sp_json(directory, sp_model)
     else:
         shutil.copy(sp_model, directory / "tokenizer.model")
 

@@ -53,6 +53,9 @@ FAMILY_TENSORS = {  # ... and where a family's names differ
         "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b",
         "ssm_alpha": "linear_attn.in_proj_a", "ssm_conv1d": "linear_attn.conv1d",
         "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"},
+    "gemma4": {"ffn_norm": "pre_feedforward_layernorm", **AFTER,  # and the per-layer input's
+               "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+               "post_norm": "post_per_layer_input_norm"},
     "lfm2": {
         "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "ffn_gate": "feed_forward.w1",
         "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
@@ -61,13 +64,19 @@ FAMILY_TENSORS = {  # ... and where a family's names differ
         "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"},
 }  # fmt: skip
 # tensors named outside the pattern blk.N.NAME.weight: (GGUF's, Hugging Face's) after blk.N.
-ODD_TENSORS = {"qwen35": {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"}}
+ODD_TENSORS = {"qwen35": {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"},
+               "gemma4": {"layer_output_scale.weight": "layer_scalar"}}  # fmt: skip
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
 LFM2_GLOBAL = {"token_embd_norm.weight": "model.embedding_norm.weight"}  # its final norm
+GEMMA4_GLOBAL = {  # the per-layer embeddings' table, the embedding's projection, its norm
+    "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+    "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+    "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
+}
 
 
 def layer_names(arch: str) -> dict[str, str]:
@@ -80,7 +89,8 @@ def layer_names(arch: str) -> dict[str, str]:
 
 
 def global_tensors(arch: str) -> dict[str, str]:
-    return LFM2_GLOBAL | GLOBAL_TENSORS if arch == "lfm2" else GLOBAL_TENSORS
+    """A family's tensors outside the layers: GGUF name -> Hugging Face name."""
+    return {"lfm2": LFM2_GLOBAL, "gemma4": GEMMA4_GLOBAL}.get(arch, {}) | GLOBAL_TENSORS
 
 
 def hf_name(name: str, c: Config) -> tuple[str | None, int | None]:
@@ -197,7 +207,7 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
         "num_attention_heads": n_heads,
         "num_key_value_heads": _scalar(meta, a + "attention.head_count_kv", n_heads),
         "head_dim": head_dim,
-        "intermediate_size": meta.get(a + "feed_forward_length", int),
+        "intermediate_size": _scalar(meta, a + "feed_forward_length", ...),  # gemma4: a list
         "vocab_size": meta.get(a + "vocab_size", int, n_vocab),
         "max_position_embeddings": meta.get(a + "context_length", int),
         "rms_norm_eps": meta.get(a + "attention.layer_norm_rms_epsilon", float),
@@ -213,7 +223,7 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
         hf |= _experts(meta, a, experts, tensors)
     c = config_from_hf(hf, name)
     factors = tensors.get("rope_freqs.weight")
-    if factors is not None:
+    if factors is not None and arch != "gemma4":  # (gemma4's: _gemma4 reads them)
         factors = np.asarray(factors.data, np.float32).ravel()
         if factors.shape != (c.rotary // 2,):
             raise LlamaNpError(f"{meta.path}: rope_freqs has {factors.shape[0]} factors, "
@@ -222,8 +232,9 @@ def config_from_gguf(meta: Metadata, tensors: dict[str, Any], name: str = "model
     return c
 
 
-def _scalar(meta: Metadata, key: str, default: int) -> int:
-    """An int key that a family may write per layer (lfm2's head_count_kv): its largest."""
+def _scalar(meta: Metadata, key: str, default: Any) -> int:
+    """An int key that a family may write per layer (lfm2's head_count_kv, gemma4's
+    feed_forward_length): its largest (the family's reader reads the list)."""
     field = meta.fields.get(key)
     if field is not None and len(field.types) > 1:  # an array
         return max(meta.get(key, list)) or default
@@ -379,6 +390,108 @@ def _lfm2(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
             "block_auto_adjust_ff_dim": False, "norm_eps": hf["rms_norm_eps"]}  # fmt: skip
 
 
+def _gemma4(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """Gemma 4 as llama.cpp reads it (src/models/gemma4.cpp; the converter's Gemma4Model):
+    key_length the full layers' head_dim, key_length_swa the sliding layers'; a bool per
+    layer for the sliding ones; the last shared_kv_layers reading an earlier layer's KV, their
+    MLP double-wide where feed_forward_length (per layer) says so; per-layer embeddings of
+    embedding_length_per_layer_input; the full layers' proportional RoPE from rope_freqs."""
+    n = hf["num_hidden_layers"]
+    pattern = meta.get(a + "attention.sliding_window_pattern", list)
+    if len(pattern) != n:
+        raise LlamaNpError(f"{meta.path}: {a}attention.sliding_window_pattern names "
+                           f"{len(pattern)} layers of {n}")  # fmt: skip
+    shared = meta.get(a + "attention.shared_kv_layers", int, 0)
+    _shared_as_transformers(meta, a, pattern, shared)
+    swa_dim = meta.get(a + "attention.key_length_swa", int)
+    _whole_heads_turn(meta, a, hf["head_dim"], swa_dim)
+    _same(meta, a + "attention.head_count_kv")
+    ple = tensors.get("per_layer_token_embd.weight")
+    return {"head_dim": swa_dim, "global_head_dim": hf["head_dim"],
+            "layer_types": ["sliding_attention" if p else "full_attention" for p in pattern],
+            "num_kv_shared_layers": shared,
+            "hidden_size_per_layer_input": meta.get(a + "embedding_length_per_layer_input", int),
+            "vocab_size_per_layer_input": hf["vocab_size"] if ple is None else int(ple.shape[-1]),
+            "final_logit_softcapping": meta.get(a + "final_logit_softcapping", float, None),
+            "rope_parameters": _gemma4_rope(meta, a, hf, tensors)} | _gemma4_mlp(
+                meta, a, n - shared)  # fmt: skip
+
+
+def _shared_as_transformers(meta: Metadata, a: str, pattern: list, shared: int) -> None:
+    """llama.cpp's shared KV layers read the KV of layer first - 1 (the full ones) or first -
+    2 (the sliding ones), first the first shared layer: transformers' pick (the last earlier
+    layer of a layer's kind) where those are a full and a sliding layer, as in the Gemma 4
+    models; the last layer is full (transformers makes it so). Other files are refused."""
+    if not 0 <= shared < len(pattern):
+        raise LlamaNpError(f"{meta.path}: {a}attention.shared_kv_layers {shared} of "
+                           f"{len(pattern)} layers")  # fmt: skip
+    first = len(pattern) - shared
+    for i in range(first, len(pattern)):
+        src = first - (2 if pattern[i] else 1)
+        if src < 0 or pattern[src] != pattern[i]:
+            raise LlamaNpError(f"{meta.path}: {a}attention.shared_kv_layers: layer {i} would read "
+                               f"layer {src}'s KV, not one of its kind")  # fmt: skip
+    if pattern and pattern[-1]:
+        raise LlamaNpError(
+            f"{meta.path}: {a}attention.sliding_window_pattern: the last layer "
+            "sliding (transformers' Gemma 4 attends fully there) is not supported"
+        )
+
+
+def _whole_heads_turn(meta: Metadata, a: str, full_dim: int, swa_dim: int) -> None:
+    """RoPE's dimension counts are the head sizes, as the converter writes them (the full
+    layers' proportion is in rope_freqs); another partial RoPE is refused."""
+    for key, dim in (("rope.dimension_count", full_dim), ("rope.dimension_count_swa", swa_dim)):
+        if (rot := meta.get(a + key, int, dim)) != dim:
+            raise LlamaNpError(f"{meta.path}: {a}{key} {rot} is not the head size {dim} "
+                               "(partial RoPE there is not supported)")  # fmt: skip
+
+
+def _same(meta: Metadata, key: str) -> None:
+    """A key written per layer says the same of each (the engine's one value for all)."""
+    field = meta.fields.get(key)
+    if field is not None and len(field.types) > 1 and len(set(meta.get(key, list))) > 1:
+        raise LlamaNpError(f"{meta.path}: {key} differs between layers "
+                           f"({meta.get(key, list)}), which is not supported")  # fmt: skip
+
+
+def _gemma4_mlp(meta: Metadata, a: str, first_shared: int) -> dict[str, Any]:
+    """The MLP's width, and whether the shared KV layers' is twice it (the converter
+    writes feed_forward_length per layer where use_double_wide_mlp)."""
+    key = a + "feed_forward_length"
+    field = meta.fields.get(key)
+    if field is None or len(field.types) == 1:
+        return {"intermediate_size": meta.get(key, int), "use_double_wide_mlp": False}
+    widths = meta.get(key, list)
+    own, rest = set(widths[:first_shared]), set(widths[first_shared:])
+    if len(own) != 1 or len(rest) > 1 or not rest <= {min(own), 2 * min(own)}:
+        raise LlamaNpError(f"{meta.path}: {key} {widths} is not one width, or twice it in the "
+                           "shared KV layers")  # fmt: skip
+    width = own.pop()
+    return {"intermediate_size": width, "use_double_wide_mlp": rest == {2 * width}}
+
+
+def _gemma4_rope(meta: Metadata, a: str, hf: dict, tensors: dict) -> dict[str, Any]:
+    """rope_parameters by layer type: the sliding layers' base (rope.freq_base_swa); the
+    full layers' base and, from rope_freqs (a factor per frequency of the full head_dim: 1
+    where it turns, 1e30 where llama.cpp's RoPE is to stand still), the proportion
+    turned."""
+    local = {"rope_type": "default", "rope_theta": meta.get(a + "rope.freq_base_swa", float,
+                                                            10000.0)}  # fmt: skip
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": hf["rope_theta"]}
+    factors = tensors.get("rope_freqs.weight")
+    if factors is not None:
+        f = np.asarray(factors.data, np.float32).ravel()
+        turned = int(np.argmax(f != 1.0)) if (f != 1.0).any() else len(f)
+        half = hf["head_dim"] // 2
+        if len(f) != half or not (f[turned:] >= 1e20).all():
+            raise LlamaNpError(f"{meta.path}: gemma4's rope_freqs is not proportional RoPE "
+                               f"over {half} frequencies (1, then 1e30)")  # fmt: skip
+        full = {"rope_type": "proportional", "rope_theta": hf["rope_theta"],
+                "partial_rotary_factor": 2 * turned / hf["head_dim"]}  # fmt: skip
+    return {"full_attention": full, "sliding_attention": local}
+
+
 READERS = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "granite": _granite,
             "granitemoe": _granite, "smollm3": _smollm3, "qwen3": _qwen3, "qwen3moe": _qwen3,
-            "olmo2": _olmo2, "qwen35": _qwen35, "lfm2": _lfm2}  # fmt: skip
+            "olmo2": _olmo2, "qwen35": _qwen35, "lfm2": _lfm2, "gemma4": _gemma4}  # fmt: skip

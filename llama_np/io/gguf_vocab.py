@@ -4,6 +4,9 @@
   `tokenizer.ggml.pre` names (llama.cpp's regexes, in tokenizers' terms).
 - `llama`: sentencepiece-style BPE from tokens and scores, with byte fallback; merges are
   derived from the scores as transformers' SentencePieceExtractor does.
+- `gemma4`: sentencepiece-style BPE from tokens and merges (Gemma 4's tokenizer.json), with
+  byte fallback: spaces made "▁" (no dummy prefix), the text split only between runs of
+  newlines and the rest, as llama.cpp's gemma4 pre-tokenizer does.
 
 Control and user-defined tokens (<|im_start|>, <s>...) are added as special tokens, so the
 tokenizer never splits them.
@@ -73,6 +76,24 @@ def bpe_merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple
     return [m for _, _, m in merges]
 
 
+def gemma4_tokenizer(meta: Any, tokens: list[str]) -> Any:
+    """Gemma 4's vocabulary (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4): BPE by the file's
+    merges on raw UTF-8 with byte fallback, spaces escaped as "▁", split into runs of
+    newlines and runs of the rest."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", list)]
+    unk = meta.get("tokenizer.ggml.unknown_token_id", int, None)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True,
+                               unk_token=None if unk is None else tokens[unk]))  # fmt: skip
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])  # fmt: skip
+    return tok
+
+
 def tokenizer_from_gguf(meta: Any) -> HFTokenizer | None:
     """The tokenizer of a GGUF file (meta: llama_np.io.gguf.Metadata), or None without one."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
@@ -111,8 +132,12 @@ def tokenizer_from_gguf(meta: Any) -> HFTokenizer | None:
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
         add_bos_default = True
+    elif model == "gemma4":
+        tok = gemma4_tokenizer(meta, tokens)
+        add_bos_default = True  # llama.cpp adds BOS to a gemma4 vocabulary whatever it says
     else:
-        raise LlamaNpError(f"{meta.path}: unsupported GGUF tokenizer model {model!r} (gpt2, llama)")
+        raise LlamaNpError(f"{meta.path}: unsupported GGUF tokenizer model {model!r} (gpt2, "
+                           "llama, gemma4)")  # fmt: skip
     special = [tokens[i] for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
     bos = meta.get("tokenizer.ggml.bos_token_id", int, None)

@@ -20,9 +20,9 @@ SEQ, TOL = 40, 1e-4
 
 
 def test_every_family_has_a_fixture():
-    assert FAMILIES == ["gemma2", "gemma3", "granite", "granitemoe", "lfm2", "mixtral", "olmo2",
-                        "olmo3", "olmoe", "phi3", "qwen3", "qwen3_5", "qwen3_5-mtp", "qwen3_moe",
-                        "smollm3"]  # fmt: skip
+    assert FAMILIES == ["gemma2", "gemma3", "gemma4", "granite", "granitemoe", "lfm2", "mixtral",
+                        "olmo2", "olmo3", "olmoe", "phi3", "qwen3", "qwen3_5", "qwen3_5-mtp",
+                        "qwen3_moe", "smollm3"]  # fmt: skip
 
 
 MOE = ["granitemoe", "mixtral", "olmoe", "qwen3_moe"]
@@ -134,6 +134,28 @@ def test_the_metadata_reads_as_llama_cpp_reads_it():
         8.0,
         o3.rope_theta,
     )
+    g4 = c["gemma4"]  # two head sizes, rope_freqs' 1s as the proportion turned, per layer
+    # the MLP's width (twice in the shared KV layers)
+    assert (g4.head_dim, g4.global_head_dim, g4.rope_proportion) == (16, 32, 0.25)
+    assert g4.sliding_layers == (True, True, False, True, False) and g4.sliding_window == 6
+    assert [g4.kv_source(i) for i in range(5)] == [0, 1, 2, 1, 2]  # llama.cpp's, too
+    assert (g4.kv_shared, g4.wide_shared_mlp, g4.hidden_dim, g4.ple_dim) == (2, True, 40, 8)
+    assert (g4.rope_theta, g4.rope_local_theta, g4.attn_scale) == (1e6, 1e4, 1.0)
+    assert g4.rope_freq_factors is None and g4.final_softcap == 3.0
+
+
+def test_gemma4s_vocabulary_is_its_tokenizer_jsons():
+    """The converter's gemma4 vocabulary (tokens and merges of tokenizer.json) encodes as
+    the tokenizer.json it came from: spaces as "▁", no dummy prefix, newlines."""
+    from tokenizers import Tokenizer
+
+    d = FIXTURES / "gemma4"
+    theirs = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok = llama_np.load(d / "gemma4.gguf", kernels="numpy").tokenizer
+    for text in ("Once upon a time, the lazy dog 1234 walked ünïcödé.", " two  spaces\n\nx\n"):
+        assert tok.encode(text, bos=False) == theirs.encode(text).ids
+        assert tok.decode(tok.encode(text, bos=False)) == text
+    assert tok.encode("hi")[0] == 1  # BOS
 
 
 def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
@@ -170,7 +192,6 @@ def header_only_gguf(path: Path, arch: str, **keys: int) -> Path:
     ("arch", "keys", "says"),
     [
         ("gemma3n", {}, "unsupported GGUF architecture 'gemma3n'"),
-        ("gemma4", {}, "unsupported GGUF architecture 'gemma4'"),  # (its safetensors run)
         ("nemotron_h", {}, "unsupported GGUF architecture 'nemotron_h'"),
         ("qwen2", {"expert_count": 8}, "a mixture of experts (qwen2.expert_count = 8)"),
         ("qwen2moe", {}, "unsupported GGUF architecture 'qwen2moe'"),
@@ -219,3 +240,75 @@ def test_a_missing_tensor_is_named_as_the_gguf_names_it(tmp_path):
     w.close()
     with pytest.raises(llama_np.errors.LlamaNpError, match=r"'blk\.0\.post_ffw_norm\.weight'"):
         llama_np.load(tmp_path / "cut.gguf", kernels="numpy")
+
+
+class Field:
+    """A GGUF metadata field as the gguf package's reader gives it: an array or a value."""
+
+    def __init__(self, value):
+        self.value, self.types = value, [0, 0] if isinstance(value, list) else [0]
+
+    def contents(self):
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("keys", "freqs", "says"),
+    [
+        ({}, [1.0] * 4 + [2.0] * 12, "rope_freqs is not proportional RoPE over 16"),
+        ({}, [1.0] * 8, "rope_freqs is not proportional RoPE over 16"),
+        ({"feed_forward_length": [40, 48, 40, 80, 80]}, None, "is not one width"),
+        ({"feed_forward_length": [40, 40, 40, 80, 96]}, None, "is not one width"),
+        ({"attention.head_count_kv": [1, 2, 1, 1, 2]}, None, "differs between layers"),
+        ({"rope.dimension_count_swa": 8}, None, "dimension_count_swa 8 is not the head size 16"),
+        ({"rope.dimension_count": 16}, None, "dimension_count 16 is not the head size 32"),
+        ({"attention.sliding_window_pattern": [True, False]}, None, "names 2 layers of 5"),
+        (
+            {"attention.sliding_window_pattern": [True, False, True, True, False]},
+            None,
+            "layer 3 would read layer 1's KV, not one of its kind",
+        ),
+        (
+            {"attention.sliding_window_pattern": [False, True, True, False, False]},
+            None,
+            "layer 3 would read layer 2's KV",
+        ),
+        (
+            {"attention.shared_kv_layers": 0, "attention.sliding_window_pattern": [True] * 5},
+            None,
+            "the last layer sliding",
+        ),
+        ({"attention.shared_kv_layers": 5}, None, "shared_kv_layers 5 of 5 layers"),
+    ],
+)
+def test_a_gemma4_file_outside_what_runs_is_one_line(keys, freqs, says):
+    """What the converter never writes for the models that run (another RoPE, an MLP width
+    other than one, or twice it on the shared KV layers, KV heads by layer, shared layers
+    that llama.cpp points at a layer of the other kind) is refused in one line naming the
+    key."""
+    from types import SimpleNamespace
+
+    from llama_np.io.gguf import _reader
+    from llama_np.io.gguf_config import Metadata, config_from_gguf
+
+    path = FIXTURES / "gemma4" / "gemma4.gguf"
+    reader = _reader(path)
+    meta = Metadata(reader, path)
+    meta.fields = {**meta.fields, **{f"gemma4.{k}": Field(v) for k, v in keys.items()}}
+    tensors = {t.name: t for t in reader.tensors}
+    if freqs is not None:
+        tensors["rope_freqs.weight"] = SimpleNamespace(data=np.array(freqs, np.float32))
+    with pytest.raises(llama_np.errors.LlamaNpError, match=says):
+        config_from_gguf(meta, tensors)
+
+
+def test_gemma4_without_rope_freqs_turns_every_dim():
+    """A file without rope_freqs (llama.cpp then turns every dim of the full layers)."""
+    from llama_np.io.gguf import _reader
+    from llama_np.io.gguf_config import Metadata, config_from_gguf
+
+    path = FIXTURES / "gemma4" / "gemma4.gguf"
+    reader = _reader(path)
+    tensors = {t.name: t for t in reader.tensors if t.name != "rope_freqs.weight"}
+    c = config_from_gguf(Metadata(reader, path), tensors)
+    assert (c.rope_proportion, c.global_head_dim, c.rope_freq_factors) == (None, 32, None)
