@@ -257,9 +257,9 @@ def render_families(data: dict, plots: Path) -> str:
 
 # the hybrids beside the llama path; the depth sweep against a llama of the same width and
 # depth; the files llama.cpp runs beside llama-np (scripts/peers_bench.py)
-HYBRID_PRESETS = ["smollm2-360m", "qwen3.5-2b", "lfm2-1.2b"]
+HYBRID_PRESETS = ["smollm2-360m", "qwen3.5-2b", "lfm2-1.2b", "gemma-4-e2b"]
 HYBRID_DEPTHS, HYBRID_DEEP = (0, 16384), ["qwen3.5-2b", "smollm2-1.7b"]
-HYBRID_PEERS = ["qwen3.5-0.8b", "qwen3.5-2b", "lfm2-1.2b"]
+HYBRID_PEERS = ["qwen3.5-0.8b", "lfm2-1.2b"]
 
 
 def measure_hybrids(ctx: argparse.Namespace) -> dict:
@@ -286,7 +286,7 @@ def measure_hybrids(ctx: argparse.Namespace) -> dict:
     for preset in HYBRID_PEERS[:1] if ctx.quick else HYBRID_PEERS:
         for kind, path in families.make(preset).items():
             peers[f"{preset} {kind}"] = peers_bench.compare(
-                str(path), ctx.threads, 2 if ctx.quick else 3, batches=(1, 16)
+                str(path), ctx.threads, 2, gen=32, batches=(1, 16), pp=32, tg=16
             )
     return {"probe": dataclasses.asdict(probe), "rows": [dataclasses.asdict(r) for r in rows],
             "deep": [dataclasses.asdict(r) for r in deep], "peers": peers}  # fmt: skip
@@ -308,9 +308,10 @@ def render_hybrids(data: dict, plots: Path) -> str:
     import peers_bench
 
     deep = [Row(**r) for r in data["deep"]]
-    out = ["One sequence of each hybrid's preset, random weights in q8_0 and q4_0 (`llama-np "
-           "bench -m synthetic:PRESET --weights W -p 8 -n 16 -r 3`, compiled kernels), held "
-           "against its speed of light; smollm2-360m is the llama path beside them:", "",
+    out = ["One sequence of each hybrid's preset and Gemma 4 E2B's, random weights in q8_0 and "
+           "q4_0 (`llama-np bench -m synthetic:PRESET --weights W -p 8 -n 16 -r 3`, compiled "
+           "kernels), held against its speed of light; smollm2-360m is the llama path beside "
+           "them:", "",
            validate_sol.markdown(rows_of(data)), "",
            "Decode at 16384 keys against decode at 0 (`--depth 0,16384`, q8_0): Qwen3.5-2B "
            "attends in one layer in four and keeps a fixed state in the others; SmolLM2-1.7B "
@@ -318,7 +319,7 @@ def render_hybrids(data: dict, plots: Path) -> str:
            validate_sol.markdown(deep), "", depth_ratios(deep), "",
            "Against llama.cpp's own tools on the same files (random weights at the preset's "
            "shape, made by llama.cpp's converter, Q4_K_M by its quantizer; "
-           "`scripts/peers_bench.py FILE --rounds 3 --batch 1,16`), medians of the rounds:",
+           "`scripts/peers_bench.py FILE --rounds 2 -n 32 --batch 1,16 --pp 32 --tg 16`), medians of the rounds:",
            ""]  # fmt: skip
     for name, d in data["peers"].items():
         out += [f"{name} ({Path(d['model']).name}), {d['threads']} threads:", "",
@@ -416,7 +417,7 @@ TITLES = {
     "peers-batch": "Against llama.cpp, batched decode",
     "serve": "Serving over HTTP: `llama-np serve` against llama.cpp's `llama-server`",
     "families": "The families: each at its speed of light, and against llama.cpp",
-    "hybrids": "The hybrids: a fixed state beside a growing cache",
+    "hybrids": "The families of 2026: a fixed state beside a growing cache, a table read a row a layer",
     "moe": "A mixture of experts: the experts a step reads, measured and predicted",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
