@@ -494,6 +494,8 @@ def readme_block(results: dict) -> str:
                      f"distinct experts a layer read, measured / expected, at B = {wide} | "
                      f"{', '.join(one)}; {', '.join(spread)} | "
                      f"{where('moe', 'a mixture of experts')} |")  # fmt: skip
+    if "hybrids" in results:
+        lines += hybrid_lines(results["hybrids"]["data"], where("hybrids", "the families of 2026"))
     if "published" in results:
         held = list(published.held())
         s = calibrate.spread(calibrate.leave_one_source_out(published.points(held)))
@@ -505,10 +507,33 @@ def readme_block(results: dict) -> str:
     return "\n".join(lines) + "\n\n" + measured_on(results)
 
 
+def hybrid_lines(data: dict, where: str) -> list[str]:
+    """The README's rows of the hybrids: Qwen3.5-2B at 16k keys against 0, measured and
+    predicted; llama-np / llama.cpp on each file at pp, tg and B = 16."""
+    deep = [Row(**r) for r in data["deep"] if "qwen3.5" in r["model"]]
+    lo, hi = min(deep, key=lambda r: r.depth), max(deep, key=lambda r: r.depth)
+    out = [f"| qwen3.5-2b q8_0, random weights: decode at {hi.depth} keys / at 0, measured and "
+           f"speed of light | {hi.decode_ms / lo.decode_ms:.2f}, {hi.sol_ms / lo.sol_ms:.2f} | "
+           f"{where} |"]  # fmt: skip
+    by_model: dict[str, list[str]] = {}
+    for name, d in data["peers"].items():
+        preset, kind = name.split(" ")
+        m = d["medians"]
+        ratios = ", ".join(f"{w} {m[f'llama-np {w}'] / m[f'llama.cpp {w}']:.2f}x"
+                           for w in ("pp", "tg", "B=16"))  # fmt: skip
+        by_model.setdefault(preset, []).append(f"{kind.upper()} {ratios}")
+    d = next(iter(data["peers"].values()))
+    for preset, cells in by_model.items():
+        out.append(f"| {preset} files, random weights: tok/s llama-np / llama.cpp (pp{d['prompt']}, "
+                   f"tg{d['gen']}, B = 16) | {'; '.join(cells)} | {where} |")  # fmt: skip
+    return out
+
+
 def measured_on(results: dict) -> str:
     """The CPU of the table's figures, and, when its sections were measured on several,
     which sections on which (the `--only` that measures them again)."""
-    shown = [n for n in ("peers", "peers-batch", "serve", "validation", "batching", "moe")
+    shown = [n for n in ("peers", "peers-batch", "serve", "validation", "batching", "moe",
+                         "hybrids")
              if n in results]  # fmt: skip
     by_cpu: dict[str, list[str]] = {}
     for name in shown:
