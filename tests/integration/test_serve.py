@@ -237,7 +237,7 @@ def test_models_health_and_metrics_hold_the_steps_to_the_speed_of_light(live, ll
 
 
 def test_the_queue_full_gets_503_with_retry_after(live):
-    body = {"model": "smollm2", "prompt": "x", "max_tokens": 400, "stream": True,
+    body = {"model": "smollm2", "prompt": "x", "max_tokens": CTX - 8, "stream": True,
             "ignore_eos": True, "temperature": 0}  # fmt: skip
     held = []
     try:
