@@ -473,3 +473,46 @@ def backends_and_prompts(metafunc, prompts: list[str]) -> None:
     cases = [("numpy", prompts[0])] + [("numba", p) for p in prompts]
     metafunc.parametrize(("kernels", "prompt"), cases, scope="module",
                          ids=[f"{k}-{p}" for k, p in cases])  # fmt: skip
+
+
+class CompilerCheck:
+    """A check of what the compiler makes of the kernels (their LLVM code, the bits of two
+    compile orders), which takes minutes of compiling anew and whose outcome is fixed by
+    the kernels' sources, numba's version (the kernel cache's key), this CPU and the test
+    files it names: once it has passed for all of them, a later run says so and skips it,
+    as the kernel cache skips compiling. A fresh environment (CI) has no record and runs
+    it; LLAMA_NP_RECHECK=1 runs it always."""
+
+    def __init__(self, name: str, *files: str) -> None:
+        import hashlib
+        import platform
+        import sys
+
+        from quant.compiled.jit import cache_folder
+
+        h = hashlib.sha256(f"{sys.version}{platform.machine()}".encode())
+        flags = Path("/proc/cpuinfo")
+        if flags.is_file():
+            h.update(next((l for l in flags.read_text().splitlines() if l.startswith("flags")),
+                          "").encode())  # fmt: skip
+        for f in files:
+            h.update((Path(__file__).parent / f).read_bytes())
+        self.mark = cache_folder() / "checked" / f"{name}-{h.hexdigest()[:16]}"
+
+    def skip_if_passed(self, *parts: str) -> None:
+        """Skip the test where the check (each of its parts) has passed before."""
+        import os
+
+        import pytest
+
+        if all(self.passed(p) for p in parts or [""]) and not os.environ.get("LLAMA_NP_RECHECK"):
+            pytest.skip(f"passed for these kernel sources, numba, CPU and tests ({self.mark}); "
+                        "LLAMA_NP_RECHECK=1 runs it again")  # fmt: skip
+
+    def passed(self, part: str = "") -> bool:
+        return Path(f"{self.mark}{part}").is_file()
+
+    def record(self, part: str = "") -> None:
+        """Called once the check has passed."""
+        self.mark.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{self.mark}{part}").write_text("passed\n")

@@ -16,7 +16,7 @@ from quant.compiled import FORMATS as COMPILED
 from quant.compiled import attention, dequant, fewdot, igemm, intdot, matmat, matvec, ops, team
 from quant.compiled.jit import FASTMATH, PRANGE_ONLY
 from quant.kv import KV_FORMATS
-from tests.helpers import fits, make_weight
+from tests.helpers import CompilerCheck, fits, make_weight
 
 # Row counts around every edge of the layout: groups of 4 interleaved rows, chunks of 16
 # rows per unit of parallel work; columns of one block, of several, and wide.
@@ -328,6 +328,9 @@ def kernel_functions(llvm: str) -> dict[str, str]:
     return out
 
 
+FLOAT64_CHECK = CompilerCheck("float64", "quant/test_compiled.py")
+
+
 @pytest.fixture(scope="session")  # once, however the tests are ordered
 def fresh_llvm() -> dict:
     """(kernel, signature) -> the LLVM code of the kernel compiled anew (the disk cache
@@ -335,7 +338,9 @@ def fresh_llvm() -> dict:
     gets its signatures from the backend's warm-up; one called only from other kernels
     gets them while those are compiled anew here (numba types a callee as it compiles its
     caller). So kernels are compiled until no new signature appears, whatever ran before
-    (no other test's calls, no state of the disk cache)."""
+    (no other test's calls, no state of the disk cache). Skipped where every kernel's check
+    has passed for these sources, numba and CPU (tests.helpers.CompilerCheck)."""
+    FLOAT64_CHECK.skip_if_passed(*(k.__name__ for k in KERNELS))
     for dot in ("f32", "int8", "int16"):
         numba_backend(dot)
     fresh, out = {}, {}
@@ -365,6 +370,7 @@ def test_no_float64_arithmetic_in_a_kernel(kernel, fresh_llvm):
         for name, body in functions.items():
             bad = [line.strip() for line in body.splitlines() if FLOAT64_MATH.search(line)]
             assert not bad, f"{kernel.__name__}{sig} {name[:60]}: {bad[:3]}"
+    FLOAT64_CHECK.record(kernel.__name__)
 
 
 def test_the_attention_kernel_knows_each_kv_format_by_its_first_array():

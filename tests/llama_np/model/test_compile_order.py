@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers import CompilerCheck
 from tests.llama_np.model.test_decode_blocks import PROMPTS, decode, decode_batch, model_for
 
 # (case, kernels, KV format, which path runs first): each KV format makes decode_blocks a
@@ -49,8 +50,12 @@ def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
     only in a literal (a caller's constant `add=False`), a kernel once became a second
     specialization that LLVM optimized apart, and the two paths gave logits different in
     the 7th digit on some CPUs and runs (after a run that had cached part of the kernels)."""
+    check = CompilerCheck("compile-order", "llama_np/model/test_compile_order.py",
+                          "llama_np/model/test_decode_blocks.py")  # fmt: skip
+    check.skip_if_passed()
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     code = "from tests.llama_np.model.test_compile_order import compile_orders; compile_orders()"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    check.record()
