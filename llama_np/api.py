@@ -23,7 +23,7 @@ from llama_np.generation.batch import BatchStats, generate_batch
 from llama_np.generation.generate import Stats, generate
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.io.hub import DEFAULT_MODEL, MODELS, resolve_model
-from llama_np.io.source import open_source
+from llama_np.io.source import open_source, peek_config
 from llama_np.io.tokenizer import Tokenizer
 from llama_np.model.build import build_weights
 from llama_np.model.kvcache import KVCache, check_batch_fits
@@ -214,18 +214,22 @@ def load(
     "numba" or "numpy"; the kernels run on `threads` cores (default: all).
     `check_tensors`: refuse a file with a NaN or infinite value, scale or min in any tensor
     (LlamaNpError naming the first), at the cost of reading every tensor once."""
+    model = DEFAULT_MODEL if model is None else model
+    path = resolve_model(model)
+    peek_config(path)  # a model the engine does not run: refused before anything compiles
     notice = compile_notice(kernels, progress)
     try:
-        return _load(model, weights, head, threads, kernels, progress, check_tensors, notice)
+        return _load(model, path, weights, head, threads, kernels, progress, check_tensors,
+                     notice)  # fmt: skip
     finally:
         if notice:
             notice.close()
 
 
-def _load(model, weights, head, threads, kernels, progress, check_tensors, notice) -> LLM:
+def _load(model, path, weights, head, threads, kernels, progress, check_tensors,
+          notice) -> LLM:  # fmt: skip
     backend = choose_backend(kernels, notice)
-    model = DEFAULT_MODEL if model is None else model
-    src = open_source(resolve_model(model), backend)
+    src = open_source(path, backend)
     if check_tensors:
         src.check_tensors()
     if isinstance(model, str) and model in MODELS:

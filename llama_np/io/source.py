@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_arch import Config
+from llama_arch import Config, read_config_json
 from llama_np.errors import LlamaNpError, UsageError
 from llama_np.io.safetensors import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpoint, refuse_pickle
 from llama_np.io.tokenizer import Tokenizer, load_tokenizer
@@ -98,6 +98,18 @@ def checkpoint_shape(directory: Path) -> tuple[Config, list[dict[str, str]], str
     embed = fmt_of("model.embed_tokens.weight")
     head = embed if ckpt.config.tie_embeddings else fmt_of("lm_head.weight")
     return ckpt.config, format_plan(ckpt.config, fmt_of), head, embed
+
+
+def peek_config(path: str | Path) -> None:
+    """Read only a model's config, refusing (one line) what the engine does not run before
+    anything is compiled or read: a GGUF's header, a checkpoint's config.json."""
+    from llama_np.io.gguf import gguf_shape
+
+    path = Path(path)
+    if path.suffix == ".gguf" and path.is_file():
+        gguf_shape(path)
+    elif path.is_dir() and (path / "config.json").is_file():
+        read_config_json(path / "config.json")
 
 
 def open_source(path: str | Path, backend: Backend | None = None) -> Source:
