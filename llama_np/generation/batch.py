@@ -44,7 +44,7 @@ class BatchStats:
         return self.decoded / self.decode_s if self.decode_s else float("nan")
 
 
-class Running:
+class SequenceState:
     """One sequence of the batch: its cache, sampler and text so far."""
 
     def __init__(self, tokenizer: Tokenizer, prompt: list[int], cache: KVCache,
@@ -107,7 +107,7 @@ def generate_batch(
     t0 = time.perf_counter()
     logits = prefill(model, prompts, caches, shared_prompt, stats)
     stats.prefill_s = time.perf_counter() - t0
-    seqs = [Running(tokenizer, p, c, s, stop) for p, c, s in zip(prompts, caches, samplers,
+    seqs = [SequenceState(tokenizer, p, c, s, stop) for p, c, s in zip(prompts, caches, samplers,
                                                                    strict=True)]  # fmt: skip
     eos = set(tokenizer.eos_ids) | set(model.config.eos_ids)
     active = list(range(len(seqs)))

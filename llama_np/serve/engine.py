@@ -24,7 +24,7 @@ import numpy as np
 
 from llama_np.api import LLM
 from llama_np.errors import LlamaNpError
-from llama_np.generation.batch import Running
+from llama_np.generation.batch import SequenceState
 from llama_np.generation.generate import check_logits
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.model.kvcache import KVCache
@@ -69,7 +69,7 @@ class Seq:
     def __init__(self, job: Job, slot: int, cache: KVCache, llm: LLM) -> None:
         self.job, self.slot, self.cache = job, slot, cache
         sampler = Sampler(job.sampling)
-        self.run = Running(llm.tokenizer, job.prompt, cache, sampler, job.stop)
+        self.run = SequenceState(llm.tokenizer, job.prompt, cache, sampler, job.stop)
         self.done_prompt = 0  # prompt tokens in the cache
         self.next: int | None = None  # the token the next decode step feeds
         self.sent = 0  # characters of run.text emitted so far
