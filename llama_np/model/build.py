@@ -23,7 +23,7 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
     p = f"model.layers.{i}."
     if c.arch == "lfm2":
         return lfm2_names(p, c.mixer(i))
-    gemma = c.arch in ("gemma2", "gemma3", "gemma4")
+    sandwich = c.pre_norm and c.post_norm  # post_attention_layernorm is then the post-norm
     names = {
         "wq": p + "self_attn.q_proj.weight",
         "wk": p + "self_attn.k_proj.weight",
@@ -40,7 +40,7 @@ def layer_tensor_names(i: int, c: Config) -> dict[str, str]:
         names |= {"wqkv": p + "self_attn.qkv_proj.weight",
                   "w_gate_up": p + "mlp.gate_up_proj.weight"}  # fmt: skip
     if c.pre_norm:
-        mlp_norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
+        mlp_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
         names |= {"attn_norm": p + "input_layernorm.weight", "mlp_norm": f"{p}{mlp_norm}.weight"}
     if c.post_norm:
         names |= {"attn_post_norm": p + "post_attention_layernorm.weight",

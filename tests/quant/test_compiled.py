@@ -338,8 +338,8 @@ def fresh_llvm() -> dict:
     gets its signatures from the backend's warm-up; one called only from other kernels
     gets them while those are compiled anew here (numba types a callee as it compiles its
     caller). So kernels are compiled until no new signature appears, whatever ran before
-    (no other test's calls, no state of the disk cache). Skipped where every kernel's check
-    has passed for these sources, numba and CPU (tests.helpers.CompilerCheck)."""
+    (no other test's calls, no state of the disk cache). With LLAMA_NP_SKIP_PASSED=1,
+    skipped where every kernel's check has passed (tests.helpers.CompilerCheck)."""
     FLOAT64_CHECK.skip_if_passed(*(k.__name__ for k in KERNELS))
     for dot in ("f32", "int8", "int16"):
         numba_backend(dot)
