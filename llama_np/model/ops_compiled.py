@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from bench.meter import ATTN, KV, MLP, NORMS, WAITS
+from bench.meter import ATTN, KV, MLP, NORMS, STATE, WAITS
 from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
@@ -114,7 +114,8 @@ class Blocks:
         self.routers = np.zeros((len(blocks), 2), np.int64)
         for i, b in enumerate(blocks):
             mlp = (b.w_gate_up, b.w_down) if b.experts is None else ()
-            for j, w in enumerate((b.wqkv, b.wo, *mlp)):
+            first = b.wqkv if b.mixer is None else b.mixer.w_in
+            for j, w in enumerate((first, b.wo, *mlp)):
                 self.plan[i, j] = len(operands), len(operands) + len(w.leaves())
                 operands += [p.operands() for p in w.leaves()]
             if b.experts is not None:
@@ -137,11 +138,16 @@ class Blocks:
         bias = [b.qkv_bias for b in blocks]
         self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
                        else np.stack(bias).astype(np.float32))  # fmt: skip
-        qk = [(NO_VECTOR, NO_VECTOR) if b.q_norm is None else (b.q_norm, b.k_norm) for b in blocks]
+        shaped = [b for b in blocks if b.q_norm is not None]  # (a recurrent layer's: unread)
+        unread = NO_VECTOR if not shaped else np.zeros_like(shaped[0].q_norm)
+        qk = [(unread, unread) if b.q_norm is None else (b.q_norm, b.k_norm) for b in blocks]
         q_norms, k_norms = np.stack([q for q, _ in qk]), np.stack([k for _, k in qk])
         self.spec = attention.spec_of(q_norms, k_norms, c.norm_eps, scores_scale(c),
                                       c.attn_softcap or 0.0)  # fmt: skip
         self.form = block_form(c)
+        self.mixing, self._vectors = mixing_of(blocks, c)
+        self.attends = int(np.argmin(self.mixing[0] != layers.ATTENTION))  # a layer that does
+        self.hybrid = bool(c.recurrent or c.attn_gate)
         self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
 
     @staticmethod
@@ -157,13 +163,45 @@ class Blocks:
         )
 
     def kv_addresses(self, cache: KVCache) -> np.ndarray:
-        """(layers, arrays of a key store + of a value store): where each layer's are."""
+        """(layers, arrays of a key store + of a value store): where each layer's are; a
+        recurrent layer's row: its state's conv and s."""
         at = self._kv.get(cache)
         if at is None:
-            stores = [cache.arrays(i) for i in range(len(self.plan))]
-            at = np.array([[layers.address(a) for a in k + v] for k, v in stores], np.int64)
+            keys, values = cache.arrays(self.attends)
+            at = np.zeros((len(self.plan), len(keys + values)), np.int64)
+            for i, state in enumerate(cache.states):
+                if state is None:
+                    k, v = cache.arrays(i)
+                    at[i] = [layers.address(a) for a in k + v]
+                else:
+                    at[i, :2] = layers.address(state.conv), layers.address(state.s)
             self._kv[cache] = at
         return at
+
+
+MIXER_KINDS = {"attention": layers.ATTENTION, "delta": layers.DELTA, "conv": layers.CONV}
+
+
+def mixing_of(blocks: Sequence, c: Config) -> tuple[tuple, list[np.ndarray]]:
+    """decode_blocks' `mixing` (layers.decode_blocks) for these blocks, and the arrays its
+    addresses name (to be kept alive)."""
+    kinds = np.array([MIXER_KINDS[c.mixer(i)] for i in range(len(blocks))], np.int64)
+    at, keep = np.zeros((len(blocks), 4), np.int64), []
+    for i, b in enumerate(blocks):
+        m = b.mixer
+        vectors = [] if m is None else [m.conv]
+        vectors += [m.dt_bias, m.a, m.norm] if m is not None and m.kind == "delta" else []
+        for j, v in enumerate(vectors):
+            keep.append(np.ascontiguousarray(v, np.float32))
+            at[i, j] = layers.address(keep[-1])
+    d = c.delta
+    dims = np.zeros(7, np.int64)
+    if d is not None:
+        dims[: layers.CONV_KERNEL] = d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel
+    dims[layers.CONV_KERNEL :] = c.conv_kernel, c.attn_gate
+    heads = np.array([d.key_head(j) for j in range(d.v_heads)] if d else [0], np.int64)
+    scale = np.float32(1 / np.sqrt(d.k_dim)) if d else np.float32(1)
+    return (kinds, at, dims, heads, scale), keep
 
 
 def stride_of(experts) -> int | None:
@@ -218,9 +256,8 @@ class CompiledOps(NumpyOps):
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            # hybrids (recurrent mixers, qwen3_5's gated attention) and gemma4's layers of
-            # two shapes with per-layer inputs run call by call
-            one = Blocks.packable(blocks) and not (c.recurrent or c.attn_gate or c.layered)
+            # gemma4's layers of two shapes with per-layer inputs run call by call
+            one = Blocks.packable(blocks) and not c.layered
             self._blocks = (blocks, Blocks(blocks, c) if one else None)
         return self._blocks[1]
 
@@ -234,7 +271,7 @@ class CompiledOps(NumpyOps):
         packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or x.shape[0] != 1:
             return False
-        keys, values = cache.arrays(0)
+        keys, values = cache.arrays(packed.attends)
         t = packed.table
         cos, sin = layer_angles(rots)
         slots = np.array([s.slot for s in spans], np.int64)
@@ -244,20 +281,22 @@ class CompiledOps(NumpyOps):
                                     packed.biases, np.float32(c.norm_eps), packed.form, cos,
                                     sin, packed.spec, keys, values, packed.kv_addresses(cache),
                                     slots, n_keys, self.ints, threads, packed.experts,
-                                    packed.routers, chosen)  # fmt: skip
-        self.last_step = (sync, threads, bool(packed.experts[0]))
+                                    packed.routers, chosen, packed.mixing)  # fmt: skip
+        self.last_step = (sync, threads, bool(packed.experts[0]), packed.mixing[0])
         return True
 
     def step_seconds(self) -> dict[str, float]:
         """The last one-call decode step's time by its phases' own timers (team.py): the
         threads' work per phase, summed by the meter's category of what the phase reads
         (the residual adds under NORMS), and their waits at the phases' barriers."""
-        sync, threads, moe = self.last_step
+        sync, threads, moe, kinds = self.last_step
         work, waits = team.phase_seconds(sync, threads)
         names = layers.MOE_PHASE_NAMES if moe else layers.PHASE_NAMES
-        out = dict.fromkeys(PHASE_CATEGORY.values(), 0.0)
+        out = dict.fromkeys([*PHASE_CATEGORY.values(), STATE], 0.0)
         for k, w in enumerate(work):
-            out[PHASE_CATEGORY[names[k % len(names)]]] += float(w)
+            name, layer = names[k % len(names)], k // len(names)
+            recurrent = name == "attention" and kinds[layer] != layers.ATTENTION
+            out[STATE if recurrent else PHASE_CATEGORY[name]] += float(w)
         out[WAITS] = float(waits.sum())
         return out
 
@@ -286,7 +325,10 @@ class CompiledOps(NumpyOps):
             or any(cache.windows != windows for cache in caches)
         ):
             return False
-        first = [int(np.argmax(kind == j)) for j in (0, 1)]  # a layer of each span kind
+        attends = np.array([s is None for s in caches[0].states])
+        # a layer of each span kind that attends (none of kind 1: any, its span unread)
+        first = [int(np.argmax(((kind == j) if (kind[attends] == j).any() else 1) & attends))
+                 for j in (0, 1)]  # fmt: skip
         slots = np.array([[s[i].slot for s in spans] for i in first], np.int64)  # (2, B)
         ns = np.array([[s[i].n_keys for s in spans] for i in first], np.int64)
         angles = [layer_angles(r) for r in rots]  # per sequence
@@ -296,10 +338,10 @@ class CompiledOps(NumpyOps):
         sync = fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors,
                                     packed.plan, packed.norms, packed.biases,
                                     np.float32(c.norm_eps), packed.form, cos, sin, packed.spec,
-                                    *caches[0].arrays(0),
+                                    *caches[0].arrays(packed.attends),
                                     np.stack([at for _, at in layouts], axis=1), kind, slots,
-                                    ns, self.ints, threads)  # fmt: skip
-        self.last_step = (sync, threads, False)
+                                    ns, self.ints, threads, packed.mixing)  # fmt: skip
+        self.last_step = (sync, threads, False, packed.mixing[0])
         return True
 
     @property
@@ -310,13 +352,15 @@ class CompiledOps(NumpyOps):
     def kv_layout(self, cache: KVCache) -> tuple[tuple, np.ndarray]:
         """A cache's stores' shapes and, per layer, their addresses (once per cache)."""
         got = self._kv.get(cache)
-        if got is None:  # (a recurrent layer has no stores: its row stays 0)
+        if got is None:  # (a recurrent layer has no stores: its row, its state's conv and s)
             stores = [cache.arrays(i) for i in range(len(cache.k))]
             first = next(s for s in stores if s is not None)
             shapes = tuple((a.shape, a.dtype.str) for a in first[0] + first[1])
             at = np.zeros((len(stores), len(first[0] + first[1])), np.int64)
-            for i, kv in enumerate(stores):
-                if kv is not None:
+            for i, (kv, state) in enumerate(zip(stores, cache.states, strict=True)):
+                if state is not None:
+                    at[i, :2] = layers.address(state.conv), layers.address(state.s)
+                elif kv is not None:
                     at[i] = [layers.address(a) for a in kv[0] + kv[1]]
             got = self._kv[cache] = (shapes, at)
         return got
@@ -384,6 +428,12 @@ class CompiledOps(NumpyOps):
                                 mixer.norm, c.norm_eps, self.key_heads(c), d.k_heads, d.k_dim,
                                 y)  # fmt: skip
         return out
+
+    def sigmoid_gate(self, y: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """qwen3_5's gated attention, compiled (layers.gate_rows, the one-call step's)."""
+        y, gate = np.ascontiguousarray(y), np.ascontiguousarray(gate)
+        layers.sigmoid_gate(y, gate)
+        return y
 
     def key_heads(self, c: Config) -> np.ndarray:
         """The key head each of a delta net's value heads reads (DeltaNet.key_head)."""

@@ -119,7 +119,7 @@ class Seam:
         chosen = np.zeros((len(blocks), c.experts_per_token), np.int64)
         done = self.ops.decode_blocks(c, blocks, x, cache, rots, spans, chosen)
         if done:
-            self._blocks_read(reads, [spans])
+            self._blocks_read(reads, [spans], [cache])
             for layer, sel in zip(blocks, chosen, strict=True) if c.n_experts > 1 else ():
                 if layer.experts is not None:
                     self._experts_read(layer.experts, sel)
@@ -136,17 +136,23 @@ class Seam:
         rots, spans: per sequence, per layer."""
         done = self.ops.decode_batch(self.config, blocks, x, caches, rots, spans)
         if done:
-            self._blocks_read(reads, spans)
+            self._blocks_read(reads, spans, caches)
         return done
 
-    def _blocks_read(self, reads: dict[str, int], spans: list[list[Span]]) -> None:
+    def _blocks_read(self, reads: dict[str, int], spans: list[list[Span]],
+                     caches: list[KVCache]) -> None:  # fmt: skip
         """What the blocks run in one call read and wrote: `reads` once, and each
-        sequence's KV bytes in every layer (spans: per sequence, per layer)."""
+        sequence's KV bytes in every layer (spans: per sequence, per layer) and its
+        recurrent states, read and written whole."""
         for category, n in reads.items():
             self.meter.read(category, n)
         every = [span for layers in spans for span in layers]
         self.meter.read(KV, sum(span.read_nbytes for span in every))
         self.meter.write(KV, sum(span.write_nbytes for span in every))
+        states = sum(s.nbytes for cache in caches for s in cache.states if s is not None)
+        if states:
+            self.meter.read(STATE, states)
+            self.meter.write(STATE, states)
 
     def moe(self, x: np.ndarray, norm: np.ndarray | None, experts, post: Residual) -> np.ndarray:
         """A mixture of experts' MLP: x + scale * post_norm(sum over each token's k experts

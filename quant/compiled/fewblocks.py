@@ -26,24 +26,35 @@ from numba import carray, prange
 from . import attention, fewdot, intdot
 from .jit import kernel
 from .layers import (
+    ATTENTION,
     BF16,
     CODE,
     F16,
     F32,
+    GATED,
     KIND,
     KQUANT,
     NBYTES,
     PHASES,
     Q8_0,
     ROWS,
+    V_DIM,
+    attention_shape,
     batch_task,
     batch_tasks,
     chunks,
+    gate_rows,
     layer_spec,
+    mixer_item,
+    mixer_items,
+    mixer_scratch,
+    mixer_width,
     operand,
     out_rows,
     pieces_of_sequence,
+    ungate,
     voidptr,
+    widest,
 )
 from .matvec import CHUNK
 from .ops import NORM, PLAIN, prepare_rows, residual
@@ -200,60 +211,109 @@ def residual_phase(sync, k, x, y, norm, eps, scale):
 
 
 @kernel
+def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
+    """Phase k: a recurrent layer's mixer for each of B sequences (layers.mixer_item), on
+    their input projections h (B, in): B times its items, sequence b's state at
+    state_at[b]; their outputs into bufs' `mixed` as (B, width)."""
+    dims, nb = mixing[2], h.shape[0]
+    width, per = mixer_width(kind, dims, dim), mixer_items(kind, dims, dim)
+    mixed = lay(bufs[0], nb, width, np.float32)
+    conv_qkv = lay(bufs[1], nb, bufs[1].shape[0] // nb, np.float32)
+    bx = lay(bufs[2], nb, bufs[2].shape[0] // nb, np.float32)
+    sk, sq = np.empty(dims[V_DIM], np.float32), np.empty(dims[V_DIM], np.float32)
+    finished, n = 0, nb * per
+    t = take(sync, k, 1, n)
+    while t < n:
+        b, item = t // per, t % per
+        mixer_item(kind, h[b].reshape((1, h.shape[1])), mixing, at, state_at[b], eps, item,
+                   mixed[b].reshape((1, width)), conv_qkv[b].reshape((1, conv_qkv.shape[1])),
+                   bx[b].reshape((1, bx.shape[1])), sk, sq)  # fmt: skip
+        finished += 1
+        t = take(sync, k, 1, n)
+    finish(sync, k, finished, n)
+    return mixed
+
+
+@kernel
 def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
            spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
-           tasks1):  # fmt: skip
+           tasks1, mixing, mixer_bufs, q_dim):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_few); tasks0, tasks1:
-    the attention's tasks laid out for the spans slots[0], ns[0] and slots[1], ns[1]."""
+    the attention's tasks laid out for the spans slots[0], ns[0] and slots[1], ns[1]; qkv,
+    gate_up: flat, room for the widest layer's."""
     start(sync)  # the step's start (team.phase_seconds)
-    nb, hd = x.shape[0], values[0].shape[2]
-    q_dim = qkv.shape[1] - 2 * values[0].shape[0] * hd
-    buf = scratch(nb, max(x.shape[1], gate_up.shape[1] // 2, q_dim),
-                  max(qkv.shape[1], gate_up.shape[1]))  # fmt: skip
+    nb, dim, hd = x.shape[0], x.shape[1], values[0].shape[2]
+    kinds, mix_at, dims = mixing[0], mixing[1], mixing[2]
+    wide = widest(rows, plan, 0)
+    buf = scratch(nb, max(dim, widest(rows, plan, 2) // 2, q_dim, mixer_bufs[0].shape[0] // nb),
+                  max(wide, widest(rows, plan, 2)))  # fmt: skip
     att = lay(buf[7], nb, q_dim, np.float32)
+    gated = dims[GATED] != 0  # qwen3_5: each head's q then its gate (layers.ungate)
+    qv = np.empty(nb * wide if gated else 0, np.float32)
+    gate = np.empty((nb, q_dim if gated else 0), np.float32)
     none = biases[0, :0]  # no bias: an array of the caller's (see layers.member)
-    pre, gate, post, scale = form
+    pre, gate_mode, post, scale = form
     fused = not post and scale == np.float32(1)  # the residual add inside the products
-    post_n = x.shape[1] if post else 0  # the post-norms' length (0: none)
+    post_n = dim if post else 0  # the post-norms' length (0: none)
     for i in range(plan.shape[0]):
         p, k, j = plan[i], PHASES * i, kind[i]
+        h = lay(qkv, nb, out_rows(rows, p[0, 0], p[0, 1]), np.float32)
+        g = lay(gate_up, nb, out_rows(rows, p[2, 0], p[2, 1]), np.float32)
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
-                False, qkv, biases[i], vs, buf, ints)  # fmt: skip
-        attend(sync, k + 1, qkv, cos[i], sin[i], layer_spec(spec, i), keys, values, kv_at[i],
-               slots[j], ns[j], tasks0 if j == 0 else tasks1, att)  # fmt: skip
-        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
+                False, h, biases[i], vs, buf, ints)  # fmt: skip
+        if kinds[i] == ATTENTION:
+            a = h
+            if gated:
+                a = lay(qv, nb, h.shape[1] - q_dim, np.float32)
+                for b in range(nb):
+                    ungate(h[b], q_dim, hd, a[b], gate[b])
+            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i), keys, values,
+                   kv_at[i], slots[j], ns[j], tasks0 if j == 0 else tasks1, att)  # fmt: skip
+            for b in range(nb if gated else 0):
+                gate_rows(att[b], gate[b])
+            mixed = att
+        else:  # a recurrent mixer: each sequence's state's addresses in its row of kv_at
+            mixed = mixer_phase(sync, k + 1, kinds[i], h, mixing, mix_at[i], kv_at[i], eps, dim,
+                                mixer_bufs)  # fmt: skip
+        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0], eps,
                 PLAIN, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
         product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
-                False, gate_up, none, vs, buf, ints)  # fmt: skip
-        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
-                eps, gate, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
+                False, g, none, vs, buf, ints)  # fmt: skip
+        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], g, norms[i, 1],
+                eps, gate_mode, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
 
 
 @kernel(parallel=True)
 def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
-               values, kv_at, kind, slots, ns, ints, threads):  # fmt: skip
+               values, kv_at, kind, slots, ns, ints, threads, mixing):  # fmt: skip
     """The decoder blocks of one decode step of B sequences on their residual streams x
     (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). cos, sin
     (L, B, rotary / 2): each layer's RoPE angle of each token; kv_at (L, B, arrays of
-    both): each layer's KV stores of each sequence at their addresses (every sequence's
-    stores have sequence 0's shapes and format: keys, values, layer 0's); kind (L,): which
+    both): each layer's KV stores of each sequence at their addresses (a recurrent layer's:
+    the sequence's state's conv and s; every sequence's stores have the first attending
+    layer's shapes and format: keys, values); kind (L,): which
     of the (at most two) spans a layer's attention takes, slots, ns (2, B): where each
     sequence appends and how many keys it attends in that span (a window's layers, the
     others). The rest as layers.decode_blocks takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
-    nb, n_kv, hd = x.shape[0], values[0].shape[0], values[0].shape[2]
-    qkv = np.empty((nb, out_rows(rows, plan[0, 0, 0], plan[0, 0, 1])), np.float32)
-    gate_up = np.empty((nb, out_rows(rows, plan[0, 2, 0], plan[0, 2, 1])), np.float32)
+    nb, n_kv, hd, dims = x.shape[0], values[0].shape[0], values[0].shape[2], mixing[2]
+    qkv = np.empty(nb * widest(rows, plan, 0), np.float32)
+    gate_up = np.empty(nb * widest(rows, plan, 2), np.float32)
     y = np.empty_like(x)
-    n_heads = (qkv.shape[1] - 2 * n_kv * hd) // hd
-    tasks0, tasks1 = batch_tasks(ns[0], n_kv, n_heads, hd), batch_tasks(ns[1], n_kv, n_heads, hd)
+    q_dim = attention_shape(rows, plan, mixing[0], dims, n_kv * hd)
+    tasks0 = batch_tasks(ns[0], n_kv, q_dim // hd, hd)
+    tasks1 = batch_tasks(ns[1], n_kv, q_dim // hd, hd)
+    width, conv_qkv, bx = mixer_scratch(mixing[0], dims, x.shape[1])
+    mixer_bufs = (np.empty(nb * width.shape[0], np.float32),
+                  np.empty(nb * conv_qkv.shape[0], np.float32),
+                  np.empty(nb * bx.shape[0], np.float32))  # fmt: skip
     sync = np.zeros((PHASES * plan.shape[0] + 1, LINE), np.int64)
     for _ in prange(threads):
         member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
                spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
-               tasks1)  # fmt: skip
+               tasks1, mixing, mixer_bufs, q_dim)  # fmt: skip
     return sync

@@ -27,11 +27,11 @@ from llvmlite import ir
 from numba import carray, prange, types
 from numba.core.extending import intrinsic, overload
 
-from . import attention, ggml, intdot, matvec
+from . import attention, ggml, intdot, matvec, recurrent
 from .jit import kernel
 from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
 from .matvec import CHUNK
-from .ops import GEGLU, NORM, PLAIN, SWIGLU, experts_add, gated, residual, rmsnorm, route
+from .ops import GEGLU, NORM, PLAIN, SWIGLU, experts_add, gated, residual, rmsnorm, route, sigmoid
 from .team import LINE, finish, grain_of, start, take
 
 ARRAYS = 4  # arrays a row may name: (address, rows, cols) each
@@ -492,6 +492,110 @@ def pieces_scratch(n_heads, n, hd):
             np.empty(n_heads * pieces * hd, f32))  # fmt: skip
 
 
+# A layer's token mixer (decode_blocks' `mixing`): attention, a gated delta net, a short
+# convolution; and mixing's dims: the delta net's key heads, value heads, key and value
+# head sizes and kernel, the short convolution's kernel, whether attention is gated
+ATTENTION, DELTA, CONV = 0, 1, 2
+K_HEADS, V_HEADS, K_DIM, V_DIM, DELTA_KERNEL, CONV_KERNEL, GATED = range(7)
+
+
+@kernel(inline=True)
+def floats_at(at, shape):
+    """The float32 array of `shape` (a tuple) at address `at`."""
+    return carray(voidptr(at), shape, np.float32)
+
+
+@kernel(inline=True)
+def conv_dim_of(dims):
+    """The channels a delta net convolves: q, k and v."""
+    return 2 * dims[K_HEADS] * dims[K_DIM] + dims[V_HEADS] * dims[V_DIM]
+
+
+@kernel(inline=True)
+def mixer_width(kind, dims, dim):
+    """What a recurrent mixer hands its output product: value_dim (delta), dim (conv)."""
+    return dims[V_HEADS] * dims[V_DIM] if kind == DELTA else dim
+
+
+@kernel(inline=True)
+def mixer_items(kind, dims, dim):
+    """The parallel items of a recurrent layer's mixer for one sequence: its key heads
+    (delta), its blocks of channels (conv)."""
+    return dims[K_HEADS] if kind == DELTA else -(-dim // recurrent.BLOCK)
+
+
+@kernel(inline=True)
+def mixer_item(kind, h, mixing, at, state_at, eps, item, out, conv_qkv, bx, sk, sq):
+    """Item `item` of a recurrent layer's mixer on one sequence's input projection h (1,
+    in) into out (1, width): a key head of a delta net (recurrent.delta_key_head) or a
+    block of a short convolution's channels (recurrent.short_block). at (4,): the
+    addresses of its convolution, dt_bias, a and norm; state_at: of the sequence's state's
+    conv and s; conv_qkv (1, conv_dim), bx (1, dim): the sequence's shared scratch; sk, sq
+    (v_dim,): the thread's."""
+    _, _, dims, heads, scale = mixing
+    if kind == DELTA:
+        kh_n, hv_n, kd, vd = dims[K_HEADS], dims[V_HEADS], dims[K_DIM], dims[V_DIM]
+        kk, c_n = dims[DELTA_KERNEL], conv_dim_of(dims)
+        w, conv = floats_at(at[0], (kk, c_n)), floats_at(state_at[0], (kk - 1, c_n))
+        s = floats_at(state_at[1], (hv_n, kd, vd))
+        dt_bias, a = floats_at(at[1], (hv_n,)), floats_at(at[2], (hv_n,))
+        norm = floats_at(at[3], (vd,))
+        recurrent.delta_key_head(h, w, conv, s, dt_bias, a, norm, eps, heads, kh_n, kd, scale,
+                                 item, conv_qkv, out, sk, sq)  # fmt: skip
+    else:
+        dim, kk = out.shape[1], dims[CONV_KERNEL]
+        w, conv = floats_at(at[0], (kk, dim)), floats_at(state_at[0], (kk - 1, dim))
+        c0 = item * recurrent.BLOCK
+        recurrent.short_block(h, conv, w, bx, c0, min(dim, c0 + recurrent.BLOCK), out)
+
+
+@kernel
+def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
+    """Phase k: a recurrent layer's mixer on its input projection's row h (one token) into
+    bufs' `mixed`, item by item (mixer_item). bufs: the shared scratch (mixed, the
+    convolved q k v, B * x)."""
+    dims = mixing[2]
+    mixed, conv_qkv, bx = bufs
+    width, n = mixer_width(kind, dims, dim), mixer_items(kind, dims, dim)
+    h2, out = h.reshape((1, h.shape[0])), mixed[:width].reshape((1, width))
+    cq, b2 = conv_qkv.reshape((1, conv_qkv.shape[0])), bx.reshape((1, bx.shape[0]))
+    sk, sq = np.empty(dims[V_DIM], np.float32), np.empty(dims[V_DIM], np.float32)
+    finished = 0
+    t = take(sync, k, 1, n)
+    while t < n:
+        mixer_item(kind, h2, mixing, at, state_at, eps, t, out, cq, b2, sk, sq)
+        finished += 1
+        t = take(sync, k, 1, n)
+    finish(sync, k, finished, n)
+
+
+@kernel(inline=True)
+def ungate(h, q_dim, hd, qkv, gate):
+    """qwen3_5's gated attention: h (2 q_dim + 2 kv_dim), each head's q then its gate,
+    parted into qkv (q_dim + 2 kv_dim: q, k, v as attention takes them) and gate (q_dim)."""
+    for head in range(q_dim // hd):
+        for j in range(hd):
+            qkv[head * hd + j] = h[2 * head * hd + j]
+            gate[head * hd + j] = h[(2 * head + 1) * hd + j]
+    for j in range(h.shape[0] - 2 * q_dim):
+        qkv[q_dim + j] = h[2 * q_dim + j]
+    return qkv[: h.shape[0] - q_dim]
+
+
+@kernel(inline=True)
+def gate_rows(y, gate):
+    """y *= sigmoid(gate), elementwise (qwen3_5's gated attention)."""
+    for j in range(y.shape[0]):
+        y[j] *= sigmoid(gate[j])
+
+
+@kernel
+def sigmoid_gate(y, gate):
+    """y (T, n) *= sigmoid(gate) (T, n): gate_rows per row, the call-by-call path's."""
+    for t in range(y.shape[0]):
+        gate_rows(y[t], gate[t])
+
+
 @kernel(inline=True)
 def layer_spec(spec, i):
     """Layer i's attention spec (attention.spec_of) from the stacked one: its q and k
@@ -502,64 +606,113 @@ def layer_spec(spec, i):
 @kernel
 def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
            keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
-           logits, gate_ups, outs, chosen):  # fmt: skip
+           logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
     start(sync)  # the step's start (team.phase_seconds)
-    hd = values[0].shape[2]
-    q_dim = qkv.shape[0] - 2 * values[0].shape[0] * hd
-    n = max(x.shape[0], gate_up.shape[0] // 2, q_dim)
+    hd, kinds, mix_at, dims = values[0].shape[2], mixing[0], mixing[1], mixing[2]
+    n = max(x.shape[0], gate_up.shape[0] // 2, q_dim, mixer_bufs[0].shape[0])
     buf, att = scratch(n), np.empty(q_dim, np.float32)
+    gated = dims[GATED] != 0  # qwen3_5: each head's q then its gate (ungate)
+    qv, gate = np.empty(qkv.shape[0] if gated else 0, np.float32), np.empty(q_dim, np.float32)
     # no bias, and the norm of a product without one (unread): arrays of the caller's, not
     # module constants, which numba types read-only (a second specialization of rmsnorm)
     nk, none = len(keys), biases[0, :0]
-    pre, gate, post, scale = form
+    pre, gate_mode, post, scale = form
     fused = not post and scale == np.float32(1)  # the residual add inside the products
     post_n = x.shape[0] if post else 0  # the post-norms' length (0: none)
     phases = phases_of(experts)
     sel, w = np.empty(max(experts[1], 1), np.int64), np.empty(max(experts[1], 1), np.float32)
     for i in range(plan.shape[0]):
-        p, k = plan[i], phases * i
+        p, k, kind = plan[i], phases * i, kinds[i]
+        h = qkv[: out_rows(rows, p[0, 0], p[0, 1])]
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
-                False, qkv, biases[i], buf, ints)  # fmt: skip
-        kk = at_addresses(keys, kv_at[i, :nk])
-        vv = at_addresses(values, kv_at[i, nk:])
-        top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
-        attend(sync, k + 1, qkv, cos[i], sin[i], layer_spec(spec, i), kk, vv, slots[i],
-               n_keys[i], run, top, total, part)  # fmt: skip
-        attention.combine(top, total, part, att)
-        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], att, norms[i, 0], eps,
+                False, h, biases[i], buf, ints)  # fmt: skip
+        if kind == ATTENTION:
+            a = ungate(h, q_dim, hd, qv, gate) if gated else h
+            kk = at_addresses(keys, kv_at[i, :nk])
+            vv = at_addresses(values, kv_at[i, nk:])
+            top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
+            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i), kk, vv, slots[i],
+                   n_keys[i], run, top, total, part)  # fmt: skip
+            attention.combine(top, total, part, att)
+            if gated:
+                gate_rows(att, gate)
+            mixed = att
+        else:  # a recurrent mixer: its state's addresses in the layer's row of kv_at
+            mixer_phase(sync, k + 1, kind, h, mixing, mix_at[i], kv_at[i], eps, x.shape[0],
+                        mixer_bufs)  # fmt: skip
+            mixed = mixer_bufs[0][: mixer_width(kind, dims, x.shape[0])]
+        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0], eps,
                 PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
         if experts[0]:
             mlp_of_experts(sync, k + 4, threads, rows, factors, p, routers[i, 0], routers[i, 1],
-                           x, norms[i, 1], eps, pre, gate, experts, logits, sel, w, gate_ups,
-                           outs, norms[i, 3, :post_n], scale, y, none, buf, ints,
+                           x, norms[i, 1], eps, pre, gate_mode, experts, logits, sel, w,
+                           gate_ups, outs, norms[i, 3, :post_n], scale, y, none, buf, ints,
                            chosen[i])  # fmt: skip
             continue
         product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
                 False, gate_up, none, buf, ints)  # fmt: skip
         product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
-                eps, gate, fused, x if fused else y, none, buf, ints)  # fmt: skip
+                eps, gate_mode, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
 
 
+@kernel(inline=True)
+def widest(rows, plan, j):
+    """The most rows product j of any layer writes."""
+    n = 0
+    for i in range(plan.shape[0]):
+        n = max(n, out_rows(rows, plan[i, j, 0], plan[i, j, 1]))
+    return n
+
+
+@kernel(inline=True)
+def attention_shape(rows, plan, kinds, dims, kv_dim):
+    """q_dim of the layers that attend, from the first's qkv product (a gated one's q_dim
+    rows of gates beside its queries)."""
+    for i in range(plan.shape[0]):
+        if kinds[i] == ATTENTION:
+            q_rows = out_rows(rows, plan[i, 0, 0], plan[i, 0, 1]) - 2 * kv_dim
+            return q_rows // 2 if dims[GATED] else q_rows
+    return 0
+
+
+@kernel(inline=True)
+def mixer_scratch(kinds, dims, dim):
+    """The recurrent mixers' shared buffers (mixer_phase): their output, the convolved q k
+    v of a delta net, B * x of a short convolution (empty where no layer has them)."""
+    width, conv = 0, 0
+    for i in range(kinds.shape[0]):
+        if kinds[i] != ATTENTION:
+            width = max(width, mixer_width(kinds[i], dims, dim))
+            conv = max(conv, dim if kinds[i] == CONV else 0)
+    delta = conv_dim_of(dims) if dims[K_HEADS] else 0
+    return np.empty(width, np.float32), np.empty(delta, np.float32), np.empty(conv, np.float32)
+
+
 @kernel(parallel=True)
 def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
-                  values, kv_at, slots, n_keys, ints, threads, experts, routers,
-                  chosen):  # fmt: skip
+                  values, kv_at, slots, n_keys, ints, threads, experts, routers, chosen,
+                  mixing):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
-    plan (L, 4, 2): per layer, the table rows of its products qkv, o, gate_up and down;
+    plan (L, 4, 2): per layer, the table rows of its products qkv (a recurrent mixer's
+    input projection), o, gate_up and down;
     norms (L, 4, dim): the norms before attention and the MLP and after them (rows a
     family lacks: unread); biases (L, qkv rows) or (L, 0); form: (the prologue before
     attention and the MLP, NORM or PLAIN; the MLP's gate, SWIGLU or GEGLU; whether the
     sub-blocks' outputs are normed; the residual multiplier); cos, sin (L, rotary / 2):
     each layer's RoPE angle; spec: the attention's (attention.spec_of, its norms stacked
-    by layer: (L, n)); keys, values: layer 0's KV stores, and kv_at (L, arrays of both):
-    every layer's at its addresses; slots, n_keys (L,): each layer's span. Each layer as
-    llama_np.model.transformer.Transformer._blocks runs it; every layer has layer 0's
-    shapes (the buffers are sized by it). A mixture of experts: experts = (E, k, whether
+    by layer: (L, n)); keys, values: the KV stores of a layer that attends, and kv_at (L,
+    arrays of both): every layer's at its addresses (a recurrent layer's row: its state's
+    conv and s); slots, n_keys (L,): each layer's span. mixing: (kinds (L,): each layer's
+    mixer, ATTENTION, DELTA or CONV; at (L, 4): a recurrent layer's convolution, dt_bias, a
+    and norm at their addresses; dims (7,): K_HEADS...GATED; heads (Hv,): the key head of
+    each value head; scale: q's, float32). Each layer as
+    llama_np.model.transformer.Transformer._blocks runs it; the buffers are sized by the
+    widest layer. A mixture of experts: experts = (E, k, whether
     the k weights are renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's
     router's table row and the table rows from one expert to the next, plan[i, 2:4]
     expert 0's gate_up and down; the experts each layer chose are written into chosen
@@ -568,11 +721,13 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache).
     Returns `sync`: each phase's row (layer i's phases from phases_of(experts) i), then the
     step's start, with their clocks (team.phase_seconds)."""
-    n_kv, hd = values[0].shape[0], values[0].shape[2]
-    qkv = np.empty(out_rows(rows, plan[0, 0, 0], plan[0, 0, 1]), np.float32)
-    gate_up = np.empty(out_rows(rows, plan[0, 2, 0], plan[0, 2, 1]), np.float32)
+    n_kv, hd, kinds, dims = values[0].shape[0], values[0].shape[2], mixing[0], mixing[2]
+    qkv = np.empty(widest(rows, plan, 0), np.float32)
+    gate_up = np.empty(widest(rows, plan, 2), np.float32)
     y = np.empty(x.shape[0], np.float32)
-    flat = pieces_scratch((qkv.shape[0] - 2 * n_kv * hd) // hd, n_keys.max(), hd)
+    q_dim = attention_shape(rows, plan, kinds, dims, n_kv * hd)
+    flat = pieces_scratch(q_dim // hd, n_keys.max(), hd)
+    mixer_bufs = mixer_scratch(kinds, dims, x.shape[0])
     sync = np.zeros((phases_of(experts) * plan.shape[0] + 1, LINE), np.int64)
     logits = np.empty(experts[0], np.float32)
     gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
@@ -580,8 +735,14 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     for _ in prange(threads):
         member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
                keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts,
-               routers, logits, gate_ups, outs, chosen)  # fmt: skip
+               routers, logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim)  # fmt: skip
     return sync
+
+
+def attending(layers: int) -> tuple:
+    """decode_blocks' `mixing` for a model whose every layer attends."""
+    return (np.zeros(layers, np.int64), np.zeros((layers, 4), np.int64), np.zeros(7, np.int64),
+            np.zeros(1, np.int64), np.float32(1))  # fmt: skip
 
 
 DENSE = np.zeros(3, np.int64)  # decode_blocks' `experts` for a model without
@@ -608,4 +769,5 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
                   np.ones((1, 4, dim), np.float32), none, np.float32(1e-5),
                   (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
                   np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1, DENSE,
-                  np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip
+                  np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64),
+                  attending(1))  # fmt: skip

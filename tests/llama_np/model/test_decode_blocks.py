@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import pytest
 
-from llama_arch import RopeScaling
+from llama_arch import Config, DeltaNet, RopeScaling
 from llama_arch.presets import PRESETS
 from llama_np.model.ops import Rotary
 from llama_np.model.ops_compiled import layer_angles
@@ -77,6 +77,18 @@ QWEN3_MOE = dataclasses.replace(K_QUANTS, arch="qwen3_moe", qk_norm="head", n_ex
 OLMOE = shape(arch="olmoe", dim=64, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96,
               qk_norm="all", n_experts=7, experts_per_token=3, norm_topk=False)  # fmt: skip
 
+# hybrids: gated delta nets (value heads twice and three times the key heads, grouped and
+# tiled, head sizes not powers of two) and short convolutions beside attention, qwen3_5's
+# gated attention with partial rotary, every layer type in one model
+QWEN3_5 = Config("qwen3_5", 64, 3, 4, 2, 24, 96, 300, qk_norm="head", attn_gate=True,
+                 rotary_dim=6, layer_types=("delta", "attention", "delta"),
+                 delta=DeltaNet(2, 4, 12, 24, 4))  # fmt: skip
+QWEN3_5_TILED = Config("qwen3_5", 64, 2, 4, 2, 24, 96, 300, qk_norm="head", attn_gate=True,
+                       rotary_dim=24, layer_types=("attention", "delta"),
+                       delta=DeltaNet(2, 6, 20, 16, 3, tiled=True))  # fmt: skip
+LFM2 = Config("lfm2", 70, 3, 4, 2, 16, 96, 300, qk_norm="head", conv_kernel=3,
+              layer_types=("conv", "attention", "conv"), tie_embeddings=True)  # fmt: skip
+
 # name: (config, weights, a format for v's rows of the stacked q, k, v, or None)
 CASES = {
     "odd f32": (ODD, "f32", None),
@@ -96,6 +108,9 @@ CASES = {
     "bf16 granitemoe": (GRANITEMOE, "bf16", None),
     "q4_k + q6_k v qwen3_moe": (QWEN3_MOE, "q4_k", "q6_k"),
     "f16 olmoe": (OLMOE, "f16", None),
+    "q8_0 qwen3_5": (QWEN3_5, "q8_0", None),
+    "f16 qwen3_5 tiled": (QWEN3_5_TILED, "f16", None),
+    "bf16 lfm2": (LFM2, "bf16", None),
 }
 
 
