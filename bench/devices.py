@@ -1,4 +1,8 @@
-"""The device table: theoretical memory bandwidth and peak FLOPS, with their sources.
+"""The device table: theoretical memory bandwidth and matrix peaks, with their sources.
+
+Peaks are per second, dense (no sparsity): "fp16" (GPUs: tensor units), "fp32" (FMA units),
+"int8" (integer dot products, 2 operations per multiply-add); which one a format's products
+run at is Device.matrix_peak's rule.
 
 The table ships as `devices.json` in this package; users add devices with files of the
 same form (`--devices FILE`), or give `--peak-gbs` / `--peak-gflops` directly.
@@ -21,17 +25,38 @@ class Device:
     name: str
     title: str
     bandwidth: float  # bytes per second
-    flops: dict[str, float] = field(default_factory=dict)  # peak FLOPS by dtype
+    flops: dict[str, float] = field(default_factory=dict)  # matrix peaks per second (PEAKS)
     kind: str = "custom"
     source: str = ""
     hw_class: str = ""  # the class of the published measurements like it (bench/published)
 
     def peak_flops(self, weights: str) -> float | None:
-        """FP32 peak for f32 weights; FP16 (tensor) peak for other formats, which a GPU
-        engine would compute in half precision; FP32 when FP16 is not listed."""
-        if weights != "f32" and "fp16" in self.flops:
-            return self.flops["fp16"]
-        return self.flops.get("fp32")
+        """The matrix peak products of `weights` run at (matrix_peak)."""
+        return self.matrix_peak(weights)[1]
+
+    def matrix_peak(self, weights: str) -> tuple[str, float | None]:
+        """(which peak, FLOPS) the products of `weights` run at, as engines use the units.
+        f32 weights: FP32 everywhere. On a GPU every other format: FP16 (tensor units;
+        Apple's GPU at its FP16 rate), the weights dequantized to half for the product.
+        On a CPU f16 and bf16: the half-precision rate where the device lists one (ARMv8.2
+        FP16 FMA), else FP32 FMA after widening; quantized formats: the int8 dot-product
+        peak (llama.cpp's and llamafile's products of the int8 codes with activations
+        rounded to 8 bits). A peak the device does not list falls back to FP32."""
+        fmt = weights.lower()
+        if fmt in ("f32", "fp32"):
+            want = "fp32"
+        elif self.kind in GPU_KINDS or fmt in FLOAT_FORMATS:
+            want = "fp16"
+        else:
+            want = "int8"
+        if want in self.flops:
+            return want, self.flops[want]
+        return "fp32", self.flops.get("fp32")
+
+
+GPU_KINDS = ("gpu", "soc")  # devices whose matrix products run on a GPU
+FLOAT_FORMATS = ("f32", "fp32", "f16", "fp16", "bf16")
+PEAKS = ("fp16", "fp32", "int8")  # the matrix peaks a device lists (FLOPS; int8: OPS)
 
 
 def _parse(text: str, origin: str) -> dict[str, Device]:
@@ -42,7 +67,7 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
                 name=e["name"].lower(),
                 title=e.get("title", e["name"]),
                 bandwidth=float(e["bandwidth"]),
-                flops={k: float(v) for k, v in e.get("flops", {}).items()},
+                flops=_peaks(e.get("flops", {}), e["name"]),
                 kind=e.get("kind", "custom"),
                 source=e.get("source", origin),
                 hw_class=e.get("class", ""),
@@ -51,6 +76,15 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
         }
     except (KeyError, TypeError, ValueError) as e:
         raise DeviceError(f"{origin}: not a device table ({e})") from None
+
+
+def _peaks(flops: dict, name: str) -> dict[str, float]:
+    """A device's matrix peaks, per second: {"fp16", "fp32", "int8"}, each optional."""
+    out = {k: float(v) for k, v in flops.items()}
+    bad = [k for k, v in out.items() if k not in PEAKS or not v > 0]
+    if bad:
+        raise ValueError(f"{name}: flops {bad[0]!r} (peaks: {', '.join(PEAKS)}, positive)")
+    return out
 
 
 def load_devices(extra: list[str | Path] = ()) -> dict[str, Device]:

@@ -1,4 +1,5 @@
-"""Published decode measurements of machines we do not have, held against the speed of light.
+"""Published decode and prompt (prefill) measurements of machines we do not have, held
+against the speed of light.
 
 bench/published/measurements.csv holds one row per number read in a public source (its
 README says how they were gathered): the hardware and its memory bandwidth, the model,
@@ -8,6 +9,11 @@ token reads at the size its engine stores it (for llama.cpp's files, the GGML ty
 llama.cpp's quantizer gives each tensor), one embedding row, the norms, and the KV cache
 at the row's mean depth (`predict`). measured / predicted is how far from the bound the
 engine ran; `calibrate.py` fits and cross-checks the expected figure.
+
+Prompt rows (phase "prefill": prompt_tokens processed from an empty cache, gen_tokens 0,
+tok_s the prompt's tokens per second) are predicted by sol.prefill from the same byte model
+and the FLOPs, against the row's bandwidth and its device's matrix peak (the `device` column
+names an entry of bench/devices.json; Device.matrix_peak picks the peak for the format).
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
 from .meter import KV
-from .sol import Estimate, estimate
+from .sol import Estimate, estimate, prefill
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
 BANDWIDTH_WHAT = ("source", "spec", "measured")
+PHASES = ("decode", "prefill")
+PROMPT_UNSTATED = 512  # a prompt row's length when its source does not state it (llama-bench's)
 
 
 class PublishedError(ValueError):
@@ -56,6 +64,8 @@ class Measurement:
     batch: int
     tok_s: float
     notes: str
+    phase: str  # "decode" (tok_s: generated tokens/s) or "prefill" (prompt tokens/s)
+    device: str  # an entry of bench/devices.json: the peaks of a prefill row's device
 
     @property
     def ms(self) -> float:
@@ -88,6 +98,9 @@ def _row(d: dict[str, str], n: int) -> Measurement:
 
     if list(d) != COLUMNS:
         raise PublishedError(f"row {n}: columns {list(d)} are not {COLUMNS}")
+    if d["phase"] not in PHASES or (d["phase"] == "prefill" and not d["device"]):
+        raise PublishedError(f"row {n}: phase {d['phase']!r} unknown, or a prefill row "
+                             "without its device")  # fmt: skip
     if d["hw_class"] not in HW_CLASSES or d["bandwidth_what"] not in BANDWIDTH_WHAT:
         raise PublishedError(f"row {n}: hw_class {d['hw_class']!r} or bandwidth_what "
                              f"{d['bandwidth_what']!r} unknown")  # fmt: skip
@@ -102,10 +115,20 @@ def _row(d: dict[str, str], n: int) -> Measurement:
 
 
 @cache
-def measurements() -> tuple[Measurement, ...]:
+def all_rows() -> tuple[Measurement, ...]:
     """Every row, checked against the schema (PublishedError names the first bad one)."""
     reader = csv.DictReader(_text("measurements.csv").splitlines())
     return tuple(_row(d, n) for n, d in enumerate(reader, start=2))
+
+
+def measurements() -> tuple[Measurement, ...]:
+    """The decode rows."""
+    return tuple(m for m in all_rows() if m.phase == "decode")
+
+
+def prefill_measurements() -> tuple[Measurement, ...]:
+    """The prompt (prefill) rows."""
+    return tuple(m for m in all_rows() if m.phase == "prefill")
 
 
 @cache
@@ -211,7 +234,7 @@ def layout(engine: str, weights: str, c: Config, depth: int = 0) -> Layout:
                       head or fmt, embed)  # fmt: skip
 
     w = weights.strip()
-    if engine in ("llama.cpp", "llamafile") and w.upper() in GGUF:
+    if engine in ("llama.cpp", "llamafile", "ik_llama.cpp") and w.upper() in GGUF:
         return Layout(*gguf_plan(w.upper(), c))
     if engine == "calm" and w in ("fp16", "fp8", "gf4"):  # every matrix, the head too
         kv = 1 if depth >= 16000 else 2  # calm's CUDA KV cache turns fp8 past 4096 of context
@@ -329,19 +352,7 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
                   "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
         lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
                   f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
-    loso = leave_one_source_out(points(rows))
-    lines += ["", "Calibrated: measured = predicted / eta + t0, fitted per hardware class and "
-              "engine (else per class, else on all rows); each source's rows predicted by the "
-              "fit of the other sources' rows (leave one source out):", "",
-              "| hardware class | rows | held-out abs error, median | 90th percentile | fits |",
-              "|---|---:|---:|---:|---|"]  # fmt: skip
-    for cls in (*HW_CLASSES, "all"):
-        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
-        if hs:
-            s = spread(hs)
-            fits = ", ".join(sorted({h.fit.group for h in hs}))
-            lines.append(f"| {cls} | {s['rows']} | {100 * s['median']:.0f}% | "
-                         f"{100 * s['p90']:.0f}% | {fits} |")  # fmt: skip
+    lines += held_out_lines(points(rows))
     if all_rows:
         lines += ["", "| source | hardware | GB/s | engine | model | weights | depth | MB/token | "
                   "predicted ms | measured ms | reached |",
@@ -350,6 +361,111 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
                   f"{h.m.model} | {h.m.weights} | {h.m.depth} | {h.bytes_per_token / 1e6:.0f} "
                   f"| {h.predicted_ms:.2f} | {h.m.ms:.2f} | {h.share:.2f} |"
                   for h in rows]  # fmt: skip
+    return "\n".join(lines)
+
+
+def held_out_lines(pts: Sequence[Point]) -> list[str]:
+    """Markdown: the calibrated fit's error on held-out sources, by hardware class."""
+    loso = leave_one_source_out(pts)
+    lines = ["", "Calibrated: measured = predicted / eta + t0, fitted per hardware class and "
+             "engine (else per class, else on all rows); each source's rows predicted by the "
+             "fit of the other sources' rows (leave one source out):", "",
+             "| hardware class | rows | held-out abs error, median | 80th percentile | "
+             "90th percentile | fits |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for cls in (*HW_CLASSES, "all"):
+        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
+        if hs:
+            s = spread(hs)
+            fits = ", ".join(sorted({h.fit.group for h in hs}))
+            lines.append(f"| {cls} | {s['rows']} | {100 * s['median']:.0f}% | "
+                         f"{100 * s['p80']:.0f}% | {100 * s['p90']:.0f}% | {fits} |")  # fmt: skip
+    return lines
+
+
+# --- prompt (prefill) rows -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeldPrefill:
+    """A prompt row and its bound: max(bytes / the row's bandwidth, FLOPs / its device's
+    matrix peak for the format), per token."""
+
+    m: Measurement
+    bytes: int  # the whole prompt's
+    flops: int
+    peak: str  # which of the device's peaks: "fp16", "fp32", "int8"
+    predicted_ms: float  # per prompt token
+    bound: str  # "memory" or "compute"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.m.prompt_tokens or PROMPT_UNSTATED
+
+    @property
+    def share(self) -> float:
+        """The fraction of the bound reached: measured tok/s / predicted tok/s."""
+        return self.predicted_ms / self.m.ms
+
+
+def predict_prefill(m: Measurement) -> HeldPrefill:
+    """A prompt row's bound: the prompt of its model, as its engine stores it, from an empty
+    cache, against the row's bandwidth and its device's peak for the format."""
+    from .devices import load_devices
+
+    config = models().get(m.model)
+    if config is None:
+        raise PublishedError(f"unknown model {m.model!r} (a preset, or a row of models.csv)")
+    device = load_devices().get(m.device)
+    if device is None:
+        raise PublishedError(f"unknown device {m.device!r} (bench/devices.json)")
+    lay = layout(m.engine, m.weights, config)
+    n = m.prompt_tokens or PROMPT_UNSTATED
+    p = prefill(config, n, lay.plan, kv="f16", head=lay.head, embed=lay.embed, engine=False)
+    kind, peak = device.matrix_peak(m.weights)
+    pred = p.predict(m.bandwidth_gbs * 1e9, peak)
+    return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound)
+
+
+@cache
+def held_prefill() -> tuple[HeldPrefill, ...]:
+    """Every prompt row with its prediction."""
+    return tuple(predict_prefill(m) for m in prefill_measurements())
+
+
+def prefill_points(rows: Sequence[HeldPrefill] | None = None) -> list[Point]:
+    rows = held_prefill() if rows is None else rows
+    return [Point(h.predicted_ms, h.m.ms, h.m.hw_class, h.m.engine, h.m.source) for h in rows]
+
+
+def expected_prefill(hw_class: str, engine: str, predicted_ms: float) -> Expected | None:
+    """What the published prompt rows say a prompt token bounded at `predicted_ms` takes on
+    a device of this class running `engine` (expected, on the prompt rows)."""
+    return expected(hw_class, engine, predicted_ms, prefill_points())
+
+
+def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
+    """Markdown: the prompt rows' fraction of the bound reached by class, engine, peak and
+    source; the calibrated prediction's error on held-out sources; every row if asked."""
+    lines = [f"{len(rows)} published prompt (prefill) measurements, "
+             f"{len({h.m.source for h in rows})} sources (bench/published): predicted = "
+             "max(bytes / the row's bandwidth, FLOPs / its device's matrix peak); reached = "
+             "measured / predicted tok/s (1 = the speed of light)."]  # fmt: skip
+    keys = (("hardware class", lambda h: h.m.hw_class), ("engine", lambda h: h.m.engine),
+            ("peak", lambda h: f"{h.peak} ({h.bound}-bound)"),
+            ("source", lambda h: h.m.source))  # fmt: skip
+    for title, key in keys:
+        lines += ["", f"| {title} | rows | sources | reached, median | min | max |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
+                  f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
+    lines += held_out_lines(prefill_points(rows))
+    if all_rows:
+        lines += ["", "| source | hardware | engine | model | weights | prompt | peak | "
+                  "predicted tok/s | measured tok/s | reached |",
+                  "|---|---|---|---|---|---:|---|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {h.m.source} | {h.m.hardware} | {h.m.engine} | {h.m.model} | "
+                  f"{h.m.weights} | {h.prompt_tokens} | {h.peak} | {1e3 / h.predicted_ms:.1f} "
+                  f"| {h.m.tok_s:g} | {h.share:.2f} |" for h in rows]  # fmt: skip
     return "\n".join(lines)
 
 
