@@ -412,6 +412,7 @@ class Prefill:
     flops: int
     engine: bool = True
     kernels: str = "numpy"
+    attention_flops: int = 0  # of `flops`: attention's scores and weighted sums
 
     @property
     def bytes(self) -> int:
@@ -478,7 +479,7 @@ def prefill(
     flops = 2 * n * (matmul - head_weights) + 2 * head_weights + attention
     flops += n * recurrent_flops(s)
     return Prefill(s, e.weights, e.head, kv, pos, n, reads, kv_write, reads[STATE], flops,
-                   engine, kernels)  # fmt: skip
+                   engine, kernels, attention)  # fmt: skip
 
 
 def prefill_json(p: Prefill, pred: PrefillPrediction | None) -> dict[str, Any]:
@@ -497,6 +498,7 @@ def prefill_json(p: Prefill, pred: PrefillPrediction | None) -> dict[str, Any]:
         "state_bytes": p.reads[STATE],
         "bytes_by_category": dict(p.reads),
         "flops": p.flops,
+        "attention_flops": p.attention_flops,
         "flops_per_byte": p.flops / p.bytes,
     }
     if pred is not None:
