@@ -35,22 +35,29 @@ class Device:
         return self.matrix_peak(weights)[1]
 
     def matrix_peak(self, weights: str) -> tuple[str, float | None]:
-        """(which peak, FLOPS) the products of `weights` run at, as engines use the units.
-        f32 weights: FP32 everywhere. On a GPU every other format: FP16 (tensor units;
-        Apple's GPU at its FP16 rate), the weights dequantized to half for the product.
-        On a CPU f16 and bf16: the half-precision rate where the device lists one (ARMv8.2
-        FP16 FMA), else FP32 FMA after widening; quantized formats: the int8 dot-product
-        peak (llama.cpp's and llamafile's products of the int8 codes with activations
-        rounded to 8 bits). A peak the device does not list falls back to FP32."""
+        """(which peak, FLOPS) the products of `weights` can run at: the fastest unit an
+        engine may use for the format, so that no measurement beats the bound.
+        f32 weights: FP32 everywhere. On a GPU, f16/bf16: FP16 (tensor units; Apple's GPU
+        at its FP16 rate) or FP32 where that is faster (Pascal's crippled half rate);
+        quantized formats: INT8 or FP16, the faster: llama.cpp's CUDA MMQ multiplies the
+        int8 codes on int8 tensor cores (dp4a without them), older builds and other GPUs
+        dequantize to half for cuBLAS / simdgroup matrices. On a CPU, f16 and bf16: the
+        half-precision rate where the device lists one (ARMv8.2 FP16 FMA), else FP32 FMA
+        after widening; quantized formats: the int8 dot-product peak (llama.cpp's and
+        llamafile's products of the int8 codes with activations rounded to 8 bits). A peak
+        the device does not list falls back to FP32."""
         fmt = weights.lower()
         if fmt in ("f32", "fp32"):
-            want = "fp32"
-        elif self.kind in GPU_KINDS or fmt in FLOAT_FORMATS:
-            want = "fp16"
+            wants = ("fp32",)
+        elif self.kind in GPU_KINDS:
+            wants = ("fp16", "fp32") if fmt in FLOAT_FORMATS else ("int8", "fp16")
+        elif fmt in FLOAT_FORMATS:
+            wants = ("fp16",)
         else:
-            want = "int8"
-        if want in self.flops:
-            return want, self.flops[want]
+            wants = ("int8",)
+        listed = [(k, self.flops[k]) for k in wants if k in self.flops]
+        if listed:
+            return max(listed, key=lambda kv: kv[1])
         return "fp32", self.flops.get("fp32")
 
 
