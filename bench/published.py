@@ -30,6 +30,11 @@ from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
 from .meter import KV
+from .prefill_fit import MIN_ROWS as PREFILL_MIN_ROWS
+from .prefill_fit import GroupFit, HeldPoint, PrefillFit, PrefillPoint
+from .prefill_fit import fit as fit_prefill
+from .prefill_fit import leave_one_source_out as prefill_loso
+from .prefill_fit import spread as prefill_spread
 from .sol import Estimate, estimate, prefill
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
@@ -388,7 +393,7 @@ def held_out_lines(pts: Sequence[Point]) -> list[str]:
 @dataclass(frozen=True)
 class HeldPrefill:
     """A prompt row and its bound: max(bytes / the row's bandwidth, FLOPs / its device's
-    matrix peak for the format), per token."""
+    matrix peak for the format), per token, with the bound's three times."""
 
     m: Measurement
     bytes: int  # the whole prompt's
@@ -396,6 +401,9 @@ class HeldPrefill:
     peak: str  # which of the device's peaks: "fp16", "fp32", "int8"
     predicted_ms: float  # per prompt token
     bound: str  # "memory" or "compute"
+    memory_ms: float = 0.0  # per prompt token: bytes / bandwidth
+    products_ms: float = 0.0  # the matrix products' FLOPs / the peak
+    attention_ms: float = 0.0  # attention's FLOPs / the peak
 
     @property
     def prompt_tokens(self) -> int:
@@ -405,6 +413,16 @@ class HeldPrefill:
     def share(self) -> float:
         """The fraction of the bound reached: measured tok/s / predicted tok/s."""
         return self.predicted_ms / self.m.ms
+
+    def point(self) -> PrefillPoint:
+        m = self.m
+        return PrefillPoint(self.memory_ms, self.products_ms, self.attention_ms, m.ms,
+                            m.hw_class, m.engine, quantized(m.weights), m.source)  # fmt: skip
+
+
+def quantized(weights: str) -> bool:
+    """A format whose products run on quantized codes (else float: f32, f16, bf16...)."""
+    return weights.strip().lower() not in ("f32", "fp32", "f16", "fp16", "bf16")
 
 
 def predict_prefill(m: Measurement) -> HeldPrefill:
@@ -423,7 +441,9 @@ def predict_prefill(m: Measurement) -> HeldPrefill:
     p = prefill(config, n, lay.plan, kv="f16", head=lay.head, embed=lay.embed, engine=False)
     kind, peak = device.matrix_peak(m.weights)
     pred = p.predict(m.bandwidth_gbs * 1e9, peak)
-    return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound)
+    attention = 1e3 * p.attention_flops / peak / n
+    return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound, pred.memory_ms / n,
+                       pred.compute_ms / n - attention, attention)  # fmt: skip
 
 
 @cache
@@ -432,24 +452,59 @@ def held_prefill() -> tuple[HeldPrefill, ...]:
     return tuple(predict_prefill(m) for m in prefill_measurements())
 
 
-def prefill_points(rows: Sequence[HeldPrefill] | None = None) -> list[Point]:
+def prefill_points(rows: Sequence[HeldPrefill] | None = None) -> list[PrefillPoint]:
     rows = held_prefill() if rows is None else rows
-    return [Point(h.predicted_ms, h.m.ms, h.m.hw_class, h.m.engine, h.m.source) for h in rows]
+    return [h.point() for h in rows]
 
 
-def expected_prefill(hw_class: str, engine: str, predicted_ms: float) -> Expected | None:
-    """What the published prompt rows say a prompt token bounded at `predicted_ms` takes on
-    a device of this class running `engine` (expected, on the prompt rows)."""
-    return expected(hw_class, engine, predicted_ms, prefill_points())
+@cache
+def prefill_fit() -> PrefillFit:
+    """The fit of every published prompt row (bench/prefill_fit.py)."""
+    return fit_prefill(prefill_points())
+
+
+@cache
+def prefill_held_out() -> tuple[HeldPoint, ...]:
+    """Every prompt row predicted by the fit of the other sources' rows."""
+    return tuple(prefill_loso(prefill_points()))
+
+
+@dataclass(frozen=True)
+class ExpectedPrefill:
+    """The expected ms per prompt token beside the bound, the group whose eta gave it,
+    and the held-out error of that class's rows."""
+
+    ms: float
+    fit: GroupFit
+    r: float
+    spread: dict[str, float]
+
+
+def expected_prefill(like: PrefillPoint) -> ExpectedPrefill | None:
+    """What the published prompt rows say a prompt token like `like` (its bound's three
+    times, class, engine, format) takes; None when no group has rows for it."""
+    f = prefill_fit()
+    g = f.group_for(like)
+    if g is None or not any(p.hw_class == like.hw_class for p in f.points):
+        return None
+    held = [h for h in prefill_held_out() if h.point.hw_class == like.hw_class]
+    return ExpectedPrefill(f.expect(like), g, f.r, prefill_spread(held))
+
+
+def beaten(rows: Sequence[HeldPrefill]) -> list[HeldPrefill]:
+    """Rows measured faster than their bound (none, unless a peak or a row is wrong)."""
+    return [h for h in rows if h.m.ms < h.predicted_ms]
 
 
 def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
     """Markdown: the prompt rows' fraction of the bound reached by class, engine, peak and
-    source; the calibrated prediction's error on held-out sources; every row if asked."""
+    source; the calibrated fit, its parameters and its error on held-out sources; every
+    row if asked."""
     lines = [f"{len(rows)} published prompt (prefill) measurements, "
              f"{len({h.m.source for h in rows})} sources (bench/published): predicted = "
              "max(bytes / the row's bandwidth, FLOPs / its device's matrix peak); reached = "
-             "measured / predicted tok/s (1 = the speed of light)."]  # fmt: skip
+             "measured / predicted tok/s (1 = the speed of light). Rows faster than their "
+             f"bound: {len(beaten(rows))}."]  # fmt: skip
     keys = (("hardware class", lambda h: h.m.hw_class), ("engine", lambda h: h.m.engine),
             ("peak", lambda h: f"{h.peak} ({h.bound}-bound)"),
             ("source", lambda h: h.m.source))  # fmt: skip
@@ -458,7 +513,7 @@ def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
                   "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
         lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
                   f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
-    lines += held_out_lines(prefill_points(rows))
+    lines += prefill_fit_lines(rows)
     if all_rows:
         lines += ["", "| source | hardware | engine | model | weights | prompt | peak | "
                   "predicted tok/s | measured tok/s | reached |",
@@ -467,6 +522,39 @@ def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
                   f"{h.m.weights} | {h.prompt_tokens} | {h.peak} | {1e3 / h.predicted_ms:.1f} "
                   f"| {h.m.tok_s:g} | {h.share:.2f} |" for h in rows]  # fmt: skip
     return "\n".join(lines)
+
+
+def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
+    """Markdown: the fit's parameters (r and each group's eta) and its error on held-out
+    sources by class (leave one source out), with the rows faster than their bound."""
+    pts = [h.point() for h in rows]
+    f = fit_prefill(pts)
+    loso = prefill_loso(pts)
+    lines = ["", "Calibrated (bench/prefill_fit.py): expected ms per token = (max(memory, "
+             "products) + r x attention) / eta, the three times of the bound at the device's "
+             f"peaks; r = {f.r:.2f} for all rows, eta per group (narrowest with "
+             f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / weights, "
+             "class, GPU or CPU / weights, GPU or CPU, all), medians in log space:", "",
+             "| group | eta | rows | sources |", "|---|---:|---:|---:|"]  # fmt: skip
+    for g in sorted(f.etas.values(), key=lambda g: (-g.rows, g.group)):
+        lines.append(f"| {g.group} | {g.eta:.3f} | {g.rows} | {g.sources} |")
+    lines += ["", "Each source's rows predicted by the fit of the other sources' rows (leave "
+              "one source out); error = expected / measured tok/s - 1:", "",
+              "| hardware class | rows | sources | held-out abs error, median | 80th percentile "
+              "| 90th percentile | faster than the bound | fits used |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    fast = {id(h.m) for h in beaten(rows)}
+    for cls in (*HW_CLASSES, "all"):
+        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
+        if hs:
+            s = prefill_spread(hs)
+            n_src = len({h.point.source for h in hs})
+            n_fast = sum(1 for h in rows if id(h.m) in fast and cls in ("all", h.m.hw_class))
+            used = ", ".join(sorted({h.group for h in hs}))
+            lines.append(f"| {cls} | {s['rows']} | {n_src} | {100 * s['median']:.0f}% | "
+                         f"{100 * s['p80']:.0f}% | {100 * s['p90']:.0f}% | {n_fast} | "
+                         f"{used} |")  # fmt: skip
+    return lines
 
 
 def plot(rows: list[Held], path) -> None:

@@ -131,14 +131,15 @@ def sol_prefill(args: argparse.Namespace) -> int:
     if device is not None:
         peak = device.matrix_peak(p.weights)
         pred = p.predict(device.bandwidth, peak[1])
-        exp = expected_prefill_for(device, args, pred)
+        exp = expected_prefill_for(device, args, pred, p)
     if args.json:
         out = prefill_json(p, pred) | {"device": device.name if device else None,
                                        "peak": peak[0] if peak else None,
                                        "predicted_prefill_tok_s": pred and pred.tokens_per_s,
                                        "expected_prefill_tok_s": exp and 1e3 / exp.ms}  # fmt: skip
         if exp:
-            out |= {"expected_fit": asdict(exp.fit), "expected_held_out": exp.spread}
+            out |= {"expected_fit": asdict(exp.fit) | {"r": exp.r},
+                    "expected_held_out": exp.spread}  # fmt: skip
         print(json.dumps(out, indent=1))
         return 0
     print(prefill_text(p, pred, device, peak, exp))
@@ -155,14 +156,21 @@ def sol_prefill_estimate(args: argparse.Namespace) -> Prefill:
         raise UsageError(str(err)) from None
 
 
-def expected_prefill_for(device: Device, args: argparse.Namespace, pred: PrefillPrediction):
-    """The published prompt speeds' fit for the device's class and --engine, beside the
-    bound (in ms for the whole prompt); None for this machine or a class without rows."""
-    from bench.published import expected_prefill
+def expected_prefill_for(device: Device, args: argparse.Namespace, pred: PrefillPrediction,
+                         p: Prefill):  # fmt: skip
+    """The published prompt speeds' fit (bench/prefill_fit.py) for the device's class,
+    --engine and the weights (float or quantized), beside the bound; None for this machine
+    or a class without rows."""
+    from bench.prefill_fit import PrefillPoint
+    from bench.published import expected_prefill, quantized
 
-    if device.name == "local" or not device.hw_class:
+    if device.name == "local" or not device.hw_class or not pred.peak_flops:
         return None
-    return expected_prefill(device.hw_class, args.engine, pred.ms / args.prompt)
+    attention = 1e3 * p.attention_flops / pred.peak_flops / p.n
+    products = pred.compute_ms / p.n - attention
+    like = PrefillPoint(pred.memory_ms / p.n, products, attention, float("nan"),
+                        device.hw_class, args.engine, quantized(p.weights), "")  # fmt: skip
+    return expected_prefill(like)
 
 
 def prefill_text(p: Prefill, pred: PrefillPrediction | None, device: Device | None, peak,
@@ -192,9 +200,9 @@ def prefill_text(p: Prefill, pred: PrefillPrediction | None, device: Device | No
         f, s = exp.fit, exp.spread
         lines.append(
             f"  expected         {1e3 / exp.ms:.1f} tok/s: the fit of {f.group} ({f.rows} "
-            f"published prompt rows, {f.sources} sources: eta {f.eta:.2f}); on rows it was not "
-            f"fitted on, |error| median {100 * s['median']:.0f}%, 90th percentile "
-            f"{100 * s['p90']:.0f}%"
+            f"published prompt rows, {f.sources} sources: eta {f.eta:.2f}, attention r "
+            f"{exp.r:.2f}); on sources it was not fitted on, |error| median "
+            f"{100 * s['median']:.0f}%, 80th percentile {100 * s['p80']:.0f}%"
         )
     return "\n".join(lines)
 

@@ -50,7 +50,10 @@ def test_mixture_of_experts_prompt_reads_the_union_of_experts():
 
 def test_matrix_peak_rule_per_device_kind_and_format():
     t = load_devices()
-    assert t["rtx-4090"].matrix_peak("Q4_K_M")[0] == "fp16"
+    assert t["rtx-4090"].matrix_peak("Q4_K_M")[0] == "int8"  # MMQ on int8 tensor cores
+    assert t["rtx-4090"].matrix_peak("F16")[0] == "fp16"
+    assert t["apple-m2-ultra"].matrix_peak("q4_0")[0] == "fp16"  # no int8 listed
+    assert t["rx-580"].matrix_peak("q8_0") == ("fp16", 6.17e12)
     assert t["rtx-4090"].matrix_peak("f32")[0] == "fp32"
     assert t["ryzen-9-7950x"].matrix_peak("q8_0")[0] == "int8"
     assert t["ryzen-9-7950x"].matrix_peak("F16")[0] == "fp32"  # no half FMA listed
@@ -63,9 +66,10 @@ def test_sol_prompt_json_keys(capsys):
     assert main(args.split()) == 0
     d = json.loads(capsys.readouterr().out)
     assert {"predicted_prefill_tok_s", "expected_prefill_tok_s", "flops", "bytes"} <= set(d)
-    assert d["bound"] == "compute" and d["peak"] == "fp16"
-    assert d["predicted_prefill_tok_s"] == pytest.approx(512e12 * 330.3 / d["flops"])
+    assert d["bound"] == "compute" and d["peak"] == "int8"
+    assert d["predicted_prefill_tok_s"] == pytest.approx(512e12 * 660.6 / d["flops"])
     assert d["expected_prefill_tok_s"] < d["predicted_prefill_tok_s"]
+    assert d["attention_flops"] < d["flops"] and d["expected_fit"]["group"].startswith("nvidia")
 
 
 def test_sol_prompt_with_a_device_file(tmp_path, capsys):
@@ -105,7 +109,10 @@ def test_bad_prompt_input_is_one_line(args, message, capsys):
 def test_published_prompt_rows_parse_and_name_known_models_and_devices():
     rows = published.prefill_measurements()
     devices = load_devices()
-    assert len(rows) >= 150 and len({m.source for m in rows}) >= 3
+    assert len(rows) >= 150 and len({m.source for m in rows}) >= 10
+    gpu = [m for m in rows if m.hw_class.endswith("-gpu")]
+    for cls in ("nvidia-gpu", "apple-gpu", "amd-gpu"):  # a held-out source leaves another
+        assert len({m.source for m in gpu if m.hw_class == cls}) >= 2, cls
     assert {m.source for m in rows} <= set(published.sources())
     for m in rows:
         assert m.model in published.models() and m.device in devices
@@ -123,4 +130,49 @@ def test_published_prefill_report(capsys):
     assert main(["sol", "--published", "--prefill"]) == 0
     out = capsys.readouterr().out
     assert "prompt (prefill) measurements" in out and "held-out" in out
+    assert "| group | eta |" in out and "r = " in out and "faster than their bound: 0" in out
     assert isinstance(Device("x", "x", 1.0).matrix_peak("q4_0"), tuple)
+
+
+def test_prefill_fit_recovers_eta_and_r_from_exact_rows():
+    """Rows made exactly by the form (eta 0.4 on GPUs, 0.1 on CPUs, attention 3x slower than
+    the products) are fitted back exactly, and held out by source they are predicted
+    exactly too: every group keeps rows of another source."""
+    from bench.prefill_fit import PrefillPoint, fit, leave_one_source_out, spread
+
+    def row(cls, eta, products, attention, source):
+        ms = (products + 3.0 * attention) / eta
+        return PrefillPoint(0.01, products, attention, ms, cls, "llama.cpp", True, source)
+
+    pts = [row(cls, eta, pr, at, src) for cls, eta in (("nvidia-gpu", 0.4), ("cpu", 0.1))
+           for src in ("a", "b") for pr, at in ((1.0, 0.02), (1.0, 0.5), (2.0, 0.1),
+                                                (0.5, 0.4))]  # fmt: skip
+    f = fit(pts)
+    assert f.r == pytest.approx(3.0, rel=0.15)
+    assert f.etas["nvidia-gpu / llama.cpp / quantized"].eta == pytest.approx(0.4, rel=0.05)
+    assert f.etas["cpu / llama.cpp / quantized"].eta == pytest.approx(0.1, rel=0.05)
+    held = leave_one_source_out(pts)
+    assert len(held) == len(pts) and spread(held)["p90"] < 0.05
+
+
+def test_prefill_fit_falls_back_to_a_broader_group():
+    """A class with no rows of its own is predicted by its kind (GPU or CPU), not by all."""
+    from bench.prefill_fit import PrefillPoint, fit
+
+    gpu = [PrefillPoint(0.0, 1.0, 0.0, 1 / 0.5, "apple-gpu", "llama.cpp", False, s)
+           for s in "abcd"]  # fmt: skip
+    cpu = [PrefillPoint(0.0, 1.0, 0.0, 1 / 0.05, "cpu", "llama.cpp", False, s) for s in "abcd"]
+    f = fit(gpu + cpu)
+    like = PrefillPoint(0.0, 1.0, 0.0, float("nan"), "amd-gpu", "llama.cpp", False, "")
+    assert f.group_for(like).group == "gpu / float"
+    assert f.expect(like) == pytest.approx(2.0)
+
+
+def test_published_prefill_held_out_error():
+    """The leave-one-source-out error of the published prompt rows, as the report prints
+    it: a floor that a change to the rows, the peaks or the fit must not fall below."""
+    held = published.prefill_held_out()
+    gpu = [h for h in held if h.point.hw_class in ("nvidia-gpu", "apple-gpu")]
+    assert len(held) == len(published.held_prefill())
+    assert published.prefill_spread(gpu)["median"] < 0.4
+    assert published.prefill_spread(held)["median"] < 0.5
