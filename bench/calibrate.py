@@ -95,11 +95,12 @@ def leave_one_source_out(points: Sequence[Point]) -> list[Held]:
 
 
 def spread(held: Sequence[Held]) -> dict[str, float]:
-    """Median and 90th percentile of |error|, and the rows (NaN without rows)."""
+    """Median, 80th and 90th percentile of |error|, and the rows (NaN without rows)."""
     errors = sorted(abs(h.error) for h in held)
     if not errors:
-        return {"rows": 0, "median": float("nan"), "p90": float("nan")}
+        return {"rows": 0, "median": float("nan"), "p80": float("nan"), "p90": float("nan")}
     return {"rows": len(errors), "median": statistics.median(errors),
+            "p80": float(np.percentile(errors, 80)),
             "p90": float(np.percentile(errors, 90))}  # fmt: skip
 
 

@@ -1,4 +1,8 @@
-"""The device table: theoretical memory bandwidth and peak FLOPS, with their sources.
+"""The device table: theoretical memory bandwidth and matrix peaks, with their sources.
+
+Peaks are per second, dense (no sparsity): "fp16" (GPUs: tensor units), "fp32" (FMA units),
+"int8" (integer dot products, 2 operations per multiply-add); which one a format's products
+run at is Device.matrix_peak's rule.
 
 The table ships as `devices.json` in this package; users add devices with files of the
 same form (`--devices FILE`), or give `--peak-gbs` / `--peak-gflops` directly.
@@ -21,17 +25,45 @@ class Device:
     name: str
     title: str
     bandwidth: float  # bytes per second
-    flops: dict[str, float] = field(default_factory=dict)  # peak FLOPS by dtype
+    flops: dict[str, float] = field(default_factory=dict)  # matrix peaks per second (PEAKS)
     kind: str = "custom"
     source: str = ""
     hw_class: str = ""  # the class of the published measurements like it (bench/published)
 
     def peak_flops(self, weights: str) -> float | None:
-        """FP32 peak for f32 weights; FP16 (tensor) peak for other formats, which a GPU
-        engine would compute in half precision; FP32 when FP16 is not listed."""
-        if weights != "f32" and "fp16" in self.flops:
-            return self.flops["fp16"]
-        return self.flops.get("fp32")
+        """The matrix peak products of `weights` run at (matrix_peak)."""
+        return self.matrix_peak(weights)[1]
+
+    def matrix_peak(self, weights: str) -> tuple[str, float | None]:
+        """(which peak, FLOPS) the products of `weights` can run at: the fastest unit an
+        engine may use for the format, so that no measurement beats the bound.
+        f32 weights: FP32 everywhere. On a GPU, f16/bf16: FP16 (tensor units; Apple's GPU
+        at its FP16 rate) or FP32 where that is faster (Pascal's crippled half rate);
+        quantized formats: INT8 or FP16, the faster: llama.cpp's CUDA MMQ multiplies the
+        int8 codes on int8 tensor cores (dp4a without them), older builds and other GPUs
+        dequantize to half for cuBLAS / simdgroup matrices. On a CPU, f16 and bf16: the
+        half-precision rate where the device lists one (ARMv8.2 FP16 FMA), else FP32 FMA
+        after widening; quantized formats: the int8 dot-product peak (llama.cpp's and
+        llamafile's products of the int8 codes with activations rounded to 8 bits). A peak
+        the device does not list falls back to FP32."""
+        fmt = weights.lower()
+        if fmt in ("f32", "fp32"):
+            wants = ("fp32",)
+        elif self.kind in GPU_KINDS:
+            wants = ("fp16", "fp32") if fmt in FLOAT_FORMATS else ("int8", "fp16")
+        elif fmt in FLOAT_FORMATS:
+            wants = ("fp16",)
+        else:
+            wants = ("int8",)
+        listed = [(k, self.flops[k]) for k in wants if k in self.flops]
+        if listed:
+            return max(listed, key=lambda kv: kv[1])
+        return "fp32", self.flops.get("fp32")
+
+
+GPU_KINDS = ("gpu", "soc")  # devices whose matrix products run on a GPU
+FLOAT_FORMATS = ("f32", "fp32", "f16", "fp16", "bf16")
+PEAKS = ("fp16", "fp32", "int8")  # the matrix peaks a device lists (FLOPS; int8: OPS)
 
 
 def _parse(text: str, origin: str) -> dict[str, Device]:
@@ -42,7 +74,7 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
                 name=e["name"].lower(),
                 title=e.get("title", e["name"]),
                 bandwidth=float(e["bandwidth"]),
-                flops={k: float(v) for k, v in e.get("flops", {}).items()},
+                flops=_peaks(e.get("flops", {}), e["name"]),
                 kind=e.get("kind", "custom"),
                 source=e.get("source", origin),
                 hw_class=e.get("class", ""),
@@ -51,6 +83,15 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
         }
     except (KeyError, TypeError, ValueError) as e:
         raise DeviceError(f"{origin}: not a device table ({e})") from None
+
+
+def _peaks(flops: dict, name: str) -> dict[str, float]:
+    """A device's matrix peaks, per second: {"fp16", "fp32", "int8"}, each optional."""
+    out = {k: float(v) for k, v in flops.items()}
+    bad = [k for k, v in out.items() if k not in PEAKS or not v > 0]
+    if bad:
+        raise ValueError(f"{name}: flops {bad[0]!r} (peaks: {', '.join(PEAKS)}, positive)")
+    return out
 
 
 def load_devices(extra: list[str | Path] = ()) -> dict[str, Device]:

@@ -1,4 +1,5 @@
-"""Published decode measurements of machines we do not have, held against the speed of light.
+"""Published decode and prompt (prefill) measurements of machines we do not have, held
+against the speed of light.
 
 bench/published/measurements.csv holds one row per number read in a public source (its
 README says how they were gathered): the hardware and its memory bandwidth, the model,
@@ -8,6 +9,11 @@ token reads at the size its engine stores it (for llama.cpp's files, the GGML ty
 llama.cpp's quantizer gives each tensor), one embedding row, the norms, and the KV cache
 at the row's mean depth (`predict`). measured / predicted is how far from the bound the
 engine ran; `calibrate.py` fits and cross-checks the expected figure.
+
+Prompt rows (phase "prefill": prompt_tokens processed from an empty cache, gen_tokens 0,
+tok_s the prompt's tokens per second) are predicted by sol.prefill from the same byte model
+and the FLOPs, against the row's bandwidth and its device's matrix peak (the `device` column
+names an entry of bench/devices.json; Device.matrix_peak picks the peak for the format).
 """
 
 from __future__ import annotations
@@ -24,10 +30,17 @@ from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
 from .meter import KV
-from .sol import Estimate, estimate
+from .prefill_fit import MIN_ROWS as PREFILL_MIN_ROWS
+from .prefill_fit import GroupFit, HeldPoint, PrefillFit, PrefillPoint
+from .prefill_fit import fit as fit_prefill
+from .prefill_fit import leave_one_source_out as prefill_loso
+from .prefill_fit import spread as prefill_spread
+from .sol import Estimate, estimate, prefill
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
 BANDWIDTH_WHAT = ("source", "spec", "measured")
+PHASES = ("decode", "prefill")
+PROMPT_UNSTATED = 512  # a prompt row's length when its source does not state it (llama-bench's)
 
 
 class PublishedError(ValueError):
@@ -56,6 +69,8 @@ class Measurement:
     batch: int
     tok_s: float
     notes: str
+    phase: str  # "decode" (tok_s: generated tokens/s) or "prefill" (prompt tokens/s)
+    device: str  # an entry of bench/devices.json: the peaks of a prefill row's device
 
     @property
     def ms(self) -> float:
@@ -88,6 +103,9 @@ def _row(d: dict[str, str], n: int) -> Measurement:
 
     if list(d) != COLUMNS:
         raise PublishedError(f"row {n}: columns {list(d)} are not {COLUMNS}")
+    if d["phase"] not in PHASES or (d["phase"] == "prefill" and not d["device"]):
+        raise PublishedError(f"row {n}: phase {d['phase']!r} unknown, or a prefill row "
+                             "without its device")  # fmt: skip
     if d["hw_class"] not in HW_CLASSES or d["bandwidth_what"] not in BANDWIDTH_WHAT:
         raise PublishedError(f"row {n}: hw_class {d['hw_class']!r} or bandwidth_what "
                              f"{d['bandwidth_what']!r} unknown")  # fmt: skip
@@ -102,10 +120,20 @@ def _row(d: dict[str, str], n: int) -> Measurement:
 
 
 @cache
-def measurements() -> tuple[Measurement, ...]:
+def all_rows() -> tuple[Measurement, ...]:
     """Every row, checked against the schema (PublishedError names the first bad one)."""
     reader = csv.DictReader(_text("measurements.csv").splitlines())
     return tuple(_row(d, n) for n, d in enumerate(reader, start=2))
+
+
+def measurements() -> tuple[Measurement, ...]:
+    """The decode rows."""
+    return tuple(m for m in all_rows() if m.phase == "decode")
+
+
+def prefill_measurements() -> tuple[Measurement, ...]:
+    """The prompt (prefill) rows."""
+    return tuple(m for m in all_rows() if m.phase == "prefill")
 
 
 @cache
@@ -211,7 +239,7 @@ def layout(engine: str, weights: str, c: Config, depth: int = 0) -> Layout:
                       head or fmt, embed)  # fmt: skip
 
     w = weights.strip()
-    if engine in ("llama.cpp", "llamafile") and w.upper() in GGUF:
+    if engine in ("llama.cpp", "llamafile", "ik_llama.cpp") and w.upper() in GGUF:
         return Layout(*gguf_plan(w.upper(), c))
     if engine == "calm" and w in ("fp16", "fp8", "gf4"):  # every matrix, the head too
         kv = 1 if depth >= 16000 else 2  # calm's CUDA KV cache turns fp8 past 4096 of context
@@ -329,19 +357,7 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
                   "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
         lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
                   f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
-    loso = leave_one_source_out(points(rows))
-    lines += ["", "Calibrated: measured = predicted / eta + t0, fitted per hardware class and "
-              "engine (else per class, else on all rows); each source's rows predicted by the "
-              "fit of the other sources' rows (leave one source out):", "",
-              "| hardware class | rows | held-out abs error, median | 90th percentile | fits |",
-              "|---|---:|---:|---:|---|"]  # fmt: skip
-    for cls in (*HW_CLASSES, "all"):
-        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
-        if hs:
-            s = spread(hs)
-            fits = ", ".join(sorted({h.fit.group for h in hs}))
-            lines.append(f"| {cls} | {s['rows']} | {100 * s['median']:.0f}% | "
-                         f"{100 * s['p90']:.0f}% | {fits} |")  # fmt: skip
+    lines += held_out_lines(points(rows))
     if all_rows:
         lines += ["", "| source | hardware | GB/s | engine | model | weights | depth | MB/token | "
                   "predicted ms | measured ms | reached |",
@@ -351,6 +367,194 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
                   f"| {h.predicted_ms:.2f} | {h.m.ms:.2f} | {h.share:.2f} |"
                   for h in rows]  # fmt: skip
     return "\n".join(lines)
+
+
+def held_out_lines(pts: Sequence[Point]) -> list[str]:
+    """Markdown: the calibrated fit's error on held-out sources, by hardware class."""
+    loso = leave_one_source_out(pts)
+    lines = ["", "Calibrated: measured = predicted / eta + t0, fitted per hardware class and "
+             "engine (else per class, else on all rows); each source's rows predicted by the "
+             "fit of the other sources' rows (leave one source out):", "",
+             "| hardware class | rows | held-out abs error, median | 80th percentile | "
+             "90th percentile | fits |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for cls in (*HW_CLASSES, "all"):
+        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
+        if hs:
+            s = spread(hs)
+            fits = ", ".join(sorted({h.fit.group for h in hs}))
+            lines.append(f"| {cls} | {s['rows']} | {100 * s['median']:.0f}% | "
+                         f"{100 * s['p80']:.0f}% | {100 * s['p90']:.0f}% | {fits} |")  # fmt: skip
+    return lines
+
+
+# --- prompt (prefill) rows -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeldPrefill:
+    """A prompt row and its bound: max(bytes / the row's bandwidth, FLOPs / its device's
+    matrix peak for the format), per token, with the bound's three times."""
+
+    m: Measurement
+    bytes: int  # the whole prompt's
+    flops: int
+    peak: str  # which of the device's peaks: "fp16", "fp32", "int8"
+    predicted_ms: float  # per prompt token
+    bound: str  # "memory" or "compute"
+    memory_ms: float = 0.0  # per prompt token: bytes / bandwidth
+    products_ms: float = 0.0  # the matrix products' FLOPs / the peak
+    attention_ms: float = 0.0  # attention's FLOPs / the peak
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.m.prompt_tokens or PROMPT_UNSTATED
+
+    @property
+    def share(self) -> float:
+        """The fraction of the bound reached: measured tok/s / predicted tok/s."""
+        return self.predicted_ms / self.m.ms
+
+    def point(self) -> PrefillPoint:
+        m = self.m
+        return PrefillPoint(self.memory_ms, self.products_ms, self.attention_ms, m.ms,
+                            m.hw_class, m.engine, quantized(m.weights), m.source)  # fmt: skip
+
+
+def quantized(weights: str) -> bool:
+    """A format whose products run on quantized codes (else float: f32, f16, bf16...)."""
+    return weights.strip().lower() not in ("f32", "fp32", "f16", "fp16", "bf16")
+
+
+def predict_prefill(m: Measurement) -> HeldPrefill:
+    """A prompt row's bound: the prompt of its model, as its engine stores it, from an empty
+    cache, against the row's bandwidth and its device's peak for the format."""
+    from .devices import load_devices
+
+    config = models().get(m.model)
+    if config is None:
+        raise PublishedError(f"unknown model {m.model!r} (a preset, or a row of models.csv)")
+    device = load_devices().get(m.device)
+    if device is None:
+        raise PublishedError(f"unknown device {m.device!r} (bench/devices.json)")
+    lay = layout(m.engine, m.weights, config)
+    n = m.prompt_tokens or PROMPT_UNSTATED
+    p = prefill(config, n, lay.plan, kv="f16", head=lay.head, embed=lay.embed, engine=False)
+    kind, peak = device.matrix_peak(m.weights)
+    pred = p.predict(m.bandwidth_gbs * 1e9, peak)
+    attention = 1e3 * p.attention_flops / peak / n
+    return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound, pred.memory_ms / n,
+                       pred.compute_ms / n - attention, attention)  # fmt: skip
+
+
+@cache
+def held_prefill() -> tuple[HeldPrefill, ...]:
+    """Every prompt row with its prediction."""
+    return tuple(predict_prefill(m) for m in prefill_measurements())
+
+
+def prefill_points(rows: Sequence[HeldPrefill] | None = None) -> list[PrefillPoint]:
+    rows = held_prefill() if rows is None else rows
+    return [h.point() for h in rows]
+
+
+@cache
+def prefill_fit() -> PrefillFit:
+    """The fit of every published prompt row (bench/prefill_fit.py)."""
+    return fit_prefill(prefill_points())
+
+
+@cache
+def prefill_held_out() -> tuple[HeldPoint, ...]:
+    """Every prompt row predicted by the fit of the other sources' rows."""
+    return tuple(prefill_loso(prefill_points()))
+
+
+@dataclass(frozen=True)
+class ExpectedPrefill:
+    """The expected ms per prompt token beside the bound, the group whose eta gave it,
+    and the held-out error of that class's rows."""
+
+    ms: float
+    fit: GroupFit
+    r: float
+    spread: dict[str, float]
+
+
+def expected_prefill(like: PrefillPoint) -> ExpectedPrefill | None:
+    """What the published prompt rows say a prompt token like `like` (its bound's three
+    times, class, engine, format) takes; None when no group has rows for it."""
+    f = prefill_fit()
+    g = f.group_for(like)
+    if g is None or not any(p.hw_class == like.hw_class for p in f.points):
+        return None
+    held = [h for h in prefill_held_out() if h.point.hw_class == like.hw_class]
+    return ExpectedPrefill(f.expect(like), g, f.r, prefill_spread(held))
+
+
+def beaten(rows: Sequence[HeldPrefill]) -> list[HeldPrefill]:
+    """Rows measured faster than their bound (none, unless a peak or a row is wrong)."""
+    return [h for h in rows if h.m.ms < h.predicted_ms]
+
+
+def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
+    """Markdown: the prompt rows' fraction of the bound reached by class, engine, peak and
+    source; the calibrated fit, its parameters and its error on held-out sources; every
+    row if asked."""
+    lines = [f"{len(rows)} published prompt (prefill) measurements, "
+             f"{len({h.m.source for h in rows})} sources (bench/published): predicted = "
+             "max(bytes / the row's bandwidth, FLOPs / its device's matrix peak); reached = "
+             "measured / predicted tok/s (1 = the speed of light). Rows faster than their "
+             f"bound: {len(beaten(rows))}."]  # fmt: skip
+    keys = (("hardware class", lambda h: h.m.hw_class), ("engine", lambda h: h.m.engine),
+            ("peak", lambda h: f"{h.peak} ({h.bound}-bound)"),
+            ("source", lambda h: h.m.source))  # fmt: skip
+    for title, key in keys:
+        lines += ["", f"| {title} | rows | sources | reached, median | min | max |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
+                  f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
+    lines += prefill_fit_lines(rows)
+    if all_rows:
+        lines += ["", "| source | hardware | engine | model | weights | prompt | peak | "
+                  "predicted tok/s | measured tok/s | reached |",
+                  "|---|---|---|---|---|---:|---|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {h.m.source} | {h.m.hardware} | {h.m.engine} | {h.m.model} | "
+                  f"{h.m.weights} | {h.prompt_tokens} | {h.peak} | {1e3 / h.predicted_ms:.1f} "
+                  f"| {h.m.tok_s:g} | {h.share:.2f} |" for h in rows]  # fmt: skip
+    return "\n".join(lines)
+
+
+def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
+    """Markdown: the fit's parameters (r and each group's eta) and its error on held-out
+    sources by class (leave one source out), with the rows faster than their bound."""
+    pts = [h.point() for h in rows]
+    f = fit_prefill(pts)
+    loso = prefill_loso(pts)
+    lines = ["", "Calibrated (bench/prefill_fit.py): expected ms per token = (max(memory, "
+             "products) + r x attention) / eta, the three times of the bound at the device's "
+             f"peaks; r = {f.r:.2f} for all rows, eta per group (narrowest with "
+             f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / weights, "
+             "class, GPU or CPU / weights, GPU or CPU, all), medians in log space:", "",
+             "| group | eta | rows | sources |", "|---|---:|---:|---:|"]  # fmt: skip
+    for g in sorted(f.etas.values(), key=lambda g: (-g.rows, g.group)):
+        lines.append(f"| {g.group} | {g.eta:.3f} | {g.rows} | {g.sources} |")
+    lines += ["", "Each source's rows predicted by the fit of the other sources' rows (leave "
+              "one source out); error = expected / measured tok/s - 1:", "",
+              "| hardware class | rows | sources | held-out abs error, median | 80th percentile "
+              "| 90th percentile | faster than the bound | fits used |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    fast = {id(h.m) for h in beaten(rows)}
+    for cls in (*HW_CLASSES, "all"):
+        hs = [h for h in loso if cls in ("all", h.point.hw_class)]
+        if hs:
+            s = prefill_spread(hs)
+            n_src = len({h.point.source for h in hs})
+            n_fast = sum(1 for h in rows if id(h.m) in fast and cls in ("all", h.m.hw_class))
+            used = ", ".join(sorted({h.group for h in hs}))
+            lines.append(f"| {cls} | {s['rows']} | {n_src} | {100 * s['median']:.0f}% | "
+                         f"{100 * s['p80']:.0f}% | {100 * s['p90']:.0f}% | {n_fast} | "
+                         f"{used} |")  # fmt: skip
+    return lines
 
 
 def plot(rows: list[Held], path) -> None:

@@ -379,3 +379,136 @@ def to_json(e: Estimate, p: Prediction | None) -> dict[str, Any]:
         if p.peak_flops:
             out["ridge_batch"] = e.ridge_batch(p.bandwidth_bytes_per_s, p.peak_flops)
     return out
+
+
+# --- a prompt: N tokens processed together --------------------------------------------
+
+
+def keys_attended(pos: int, n: int, window: int | None) -> int:
+    """Keys the queries of tokens pos..pos+n-1 attend to, summed: each token at t the
+    min(t + 1, window) causal keys before and at it (the arithmetic the math needs, not
+    the masked rectangle some kernels compute)."""
+    lo, hi = pos + 1, pos + n  # the first and the last query's keys
+    if window is None or hi <= window:
+        return (lo + hi) * n // 2
+    growing = max(0, window - lo + 1)  # queries whose window is not yet full
+    return (2 * lo + growing - 1) * growing // 2 + window * (n - growing)
+
+
+@dataclass
+class Prefill:
+    """A prompt of `n` tokens with `pos` already in the cache: what its forward pass reads
+    once, writes and computes."""
+
+    config: Config
+    weights: str
+    head: str
+    kv: str
+    pos: int
+    n: int
+    reads: dict[str, int]  # bytes per meter category: weights once, the KV touched
+    kv_write_bytes: int  # the n tokens' keys and values (attention layers that own a cache)
+    state_write_bytes: int  # recurrent layers' states written back once
+    flops: int
+    engine: bool = True
+    kernels: str = "numpy"
+    attention_flops: int = 0  # of `flops`: attention's scores and weighted sums
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.reads.values())
+
+    def predict(self, bandwidth: float, peak_flops: float | None) -> PrefillPrediction:
+        """The bound: max(bytes / bandwidth, FLOPs / the matrix peak), for all n tokens."""
+        memory_s = self.bytes / bandwidth
+        compute_s = self.flops / peak_flops if peak_flops else 0.0
+        seconds = max(memory_s, compute_s)
+        bound = "memory" if memory_s >= compute_s else "compute"
+        return PrefillPrediction(bandwidth, peak_flops, 1e3 * seconds, self.n / seconds, bound,
+                                 1e3 * memory_s, 1e3 * compute_s)  # fmt: skip
+
+
+@dataclass
+class PrefillPrediction:
+    bandwidth_bytes_per_s: float
+    peak_flops: float | None
+    ms: float  # the whole prompt
+    tokens_per_s: float
+    bound: str  # "memory" or "compute": the larger term
+    memory_ms: float
+    compute_ms: float
+
+
+def prefill(
+    config: Config,
+    n: int,
+    weights: str | list[dict[str, str]] = "f32",
+    kv: str = "f32",
+    pos: int = 0,
+    window: int | None = None,
+    head: str | None = None,
+    engine: bool = True,
+    embed: str | None = None,
+    kernels: str = "numpy",
+) -> Prefill:
+    """Bytes and FLOPs of the forward pass of `n` prompt tokens at positions pos..pos+n-1,
+    arguments as `estimate`'s. Read once: every matrix (a mixture of experts: the experts
+    the n tokens use, expected under uniform routing), n embedding rows, the norms, each
+    attention layer's keys and values touched (those in the cache that a window still
+    reaches, and the n new ones), each recurrent state. FLOPs: 2 per weight a token
+    multiplies, times n; attention's 4 n_heads head_dim per key attended (keys_attended);
+    the LM head for the last token alone, as llama-bench and servers ask logits."""
+    if n < 1:
+        raise ConfigError(f"a prompt has at least one token (got {n})")
+    s = config
+    e = estimate(s, weights, kv, pos, window, head, engine, embed, kernels, batch=n)
+    store = kv_store_class(kv)
+    tiled = engine and get_backend(kernels).tiled_keys
+    reads, kv_read, kv_write, attention = dict(e.reads), 0, 0, 0
+    for i in s.attention_layers:
+        w, hd = s.layer_window(i, window), s.layer_head_dim(i)
+        slot = store.slot_nbytes(s.n_kv_heads, hd)
+        touched = pos + n if w is None else min(pos + n, n + w - 1)
+        kv_read += store.read_nbytes(touched, s.n_kv_heads, hd, tiled) + touched * slot
+        kv_write += 2 * n * slot if s.kv_source(i) == i else 0
+        attention += 4 * s.n_heads * hd * keys_attended(pos, n, w)
+    reads[KV] = kv_read
+    reads[STATE] = sum(4 * state_floats(s, i) for i in range(s.n_layers))
+    _, _, matmul = _parameters(s)  # the layers' products and the LM head's
+    head_weights = s.vocab_size * s.dim
+    flops = 2 * n * (matmul - head_weights) + 2 * head_weights + attention
+    flops += n * recurrent_flops(s)
+    return Prefill(s, e.weights, e.head, kv, pos, n, reads, kv_write, reads[STATE], flops,
+                   engine, kernels, attention)  # fmt: skip
+
+
+def prefill_json(p: Prefill, pred: PrefillPrediction | None) -> dict[str, Any]:
+    out = {
+        "model": p.config.name,
+        "weights": p.weights,
+        "head": p.head,
+        "kv": p.kv,
+        "layout": f"llama-np in memory ({p.kernels} kernels)" if p.engine else "format at rest",
+        "pos": p.pos,
+        "prompt_tokens": p.n,
+        "bytes": p.bytes,
+        "weight_bytes": p.bytes - p.reads[KV] - p.reads[STATE],
+        "kv_read_bytes": p.reads[KV],
+        "kv_write_bytes": p.kv_write_bytes,
+        "state_bytes": p.reads[STATE],
+        "bytes_by_category": dict(p.reads),
+        "flops": p.flops,
+        "attention_flops": p.attention_flops,
+        "flops_per_byte": p.flops / p.bytes,
+    }
+    if pred is not None:
+        out |= {
+            "bandwidth_bytes_per_s": pred.bandwidth_bytes_per_s,
+            "peak_flops": pred.peak_flops,
+            "memory_ms": pred.memory_ms,
+            "compute_ms": pred.compute_ms,
+            "predicted_prefill_ms": pred.ms,
+            "predicted_prefill_tok_s": pred.tokens_per_s,
+            "bound": pred.bound,
+        }
+    return out

@@ -66,6 +66,30 @@ FAMILIES = [
         max_position_embeddings=131072, tie_word_embeddings=True,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # the models llama.cpp's scoreboards and benches run; their config.json (the text model
+    # of the multimodal Gemma 3 4B / 27B and Mistral Small 3.1), as quoted in public code:
+    # Llama-3.2-3B github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md; Qwen2.5-7B-Instruct
+    # (Qwen2-7B's shapes, its 152064-row table); Qwen3-32B, gemma-3-4b-it, gemma-3-27b-it
+    # and Mistral-Small-3.1-24B-Instruct-2503 text_config from tests of several engines
+    # that copy google/, Qwen/ and mistralai/ config.json files
+    _hf("llama-3.2-3b", "llama", 3072, 28, 24, 8, 8192, 128256, head_dim=128, rope_theta=5e5,
+        max_position_embeddings=131072, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    _hf("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, rope_theta=1e6,
+        max_position_embeddings=32768, rms_norm_eps=1e-6),
+    _hf("qwen3-32b", "qwen3", 5120, 64, 64, 8, 25600, 151936, head_dim=128, rope_theta=1e6,
+        max_position_embeddings=40960),
+    _hf("gemma-3-4b", "gemma3_text", 2560, 34, 8, 4, 10240, 262208, head_dim=256,
+        query_pre_attn_scalar=256, sliding_window=1024, sliding_window_pattern=6,
+        rope_theta=1e6, rope_local_base_freq=1e4, max_position_embeddings=131072,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    _hf("gemma-3-27b", "gemma3_text", 5376, 62, 32, 16, 21504, 262208, head_dim=128,
+        query_pre_attn_scalar=168, sliding_window=1024, sliding_window_pattern=6,
+        rope_theta=1e6, rope_local_base_freq=1e4, max_position_embeddings=131072,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    _hf("mistral-small-3.1-24b", "mistral", 5120, 40, 32, 8, 32768, 131072, head_dim=128,
+        rope_theta=1e9, max_position_embeddings=131072, sliding_window=None),
     # hybrids: Qwen3.5's text model (three gated delta-net layers in four, head_dim 256,
     # delta heads of 128; the 0.8B, 2B and 4B tied, the 9B not; the MTP layer is not run),
     # LFM2 (short convolutions; the MLP width as Lfm2MLP adjusts block_ff_dim), OLMo 3 (three

@@ -116,7 +116,7 @@ DEVICE_ARGS = [
     (("--device",), dict(help="device from the table (`llama-np sol --list-devices`); sol takes `local` too: this machine as `llama-np probe` measured it")),
     (("--peak-gbs",), dict(type=float, help="peak memory bandwidth, GB/s (overrides --device)")),
     (("--peak-gflops",), dict(type=float, help="peak GFLOPS (overrides --device)")),
-    (("--devices",), dict(action="append", default=[], metavar="FILE", help="extra device table (JSON)")),
+    (("--devices",), dict(action="append", default=[], metavar="FILE", help="extra device table (JSON, as bench/devices.json: name, bandwidth in bytes/s, flops {\"fp16\", \"fp32\", \"int8\"} per second)")),
 ]
 GENERATE_ARGS = [
     *MODEL_ARGS,
@@ -160,7 +160,8 @@ SOL_ARGS = [
     (("--weights",), dict(choices=sorted(FORMATS) + GGUF_MIXES, metavar="FMT", help=f"weight format: {' '.join(sorted(FORMATS))}, or llama.cpp's mixed file types {' '.join(GGUF_MIXES)} (each tensor's type as llama.cpp's quantizer picks it) (default: a file's own formats; f32 for a preset or a config.json)")),
     (("--head",), dict(choices=sorted(FORMATS), metavar="FMT", help="LM head format (default: --weights)")),
     KV_ARG,
-    (("--pos",), dict(type=int, default=0, help="position of the decoded token (default: %(default)s)")),
+    (("--pos",), dict(type=int, default=0, help="position of the decoded token; with --prompt, the tokens already in the cache (default: %(default)s)")),
+    (("--prompt",), dict(type=positive_int, metavar="N", help="the prefill of an N-token prompt instead of a decode step: its bytes (weights once, the KV written and read), its FLOPs and the bound max(bytes / bandwidth, FLOPs / the device's matrix peak for the weights)")),
     (("--batch",), dict(type=positive_int, default=1, help="sequences decoded together, each at --pos (default: %(default)s)")),
     (("--window",), dict(type=positive_int, help="sliding window (default: the config's)")),
     (("--json",), dict(action="store_true", help="print one JSON object")),
@@ -169,6 +170,7 @@ SOL_ARGS = [
     (("--list-devices",), dict(action="store_true", help="print the device table and exit")),
     (("--engine",), dict(default="llama.cpp", help="the engine whose published measurements calibrate the expected ms/token beside the bound (default: %(default)s)")),
     (("--published",), dict(action="store_true", help="hold every published measurement (bench/published) against its bound: the fraction reached by hardware class, engine and source, and the calibrated fit's error on held-out sources")),
+    (("--prefill",), dict(action="store_true", help="with --published: the published prompt speeds (prefill) instead of decode's")),
     (("--rows",), dict(action="store_true", help="with --published: every row too")),
     (("--plot",), dict(metavar="FILE.png", help="with --published: predicted against measured ms/token")),
     *DEVICE_ARGS,

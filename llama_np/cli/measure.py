@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.devices import Device, DeviceError, get_device, load_devices
-from bench.meter import STATE
+from bench.meter import KV, STATE
 from bench.probe import (
     Probe,
     load_probe,
@@ -21,7 +21,17 @@ from bench.probe import (
     save_probe,
     size_label,
 )
-from bench.sol import Estimate, Prediction, estimate, experts_read, to_json
+from bench.sol import (
+    Estimate,
+    Prediction,
+    Prefill,
+    PrefillPrediction,
+    estimate,
+    experts_read,
+    prefill,
+    prefill_json,
+    to_json,
+)
 from llama_arch import PRESETS, ConfigError, load_config
 from llama_np.errors import LlamaNpError, UsageError
 from quant import FORMATS, TARGETS
@@ -70,10 +80,14 @@ def cmd_sol(args: argparse.Namespace) -> int:
         return 0
     if args.plot and not args.published:
         raise UsageError("--plot draws --published's rows: give it with --published")
+    if args.prefill and not args.published:
+        raise UsageError("--prefill selects --published's prompt rows: give it with --published")
     if args.published:
         return published_report(args)
     if args.config is None:
         raise UsageError("give --config PATH_OR_PRESET (or --published)")
+    if args.prompt is not None:
+        return sol_prefill(args)
     e = sol_estimate(args)
     device = local_device(e, args) if args.device == "local" else device_of(args)
     pred = e.predict(device.bandwidth, device.peak_flops(e.weights)) if device else None
@@ -101,6 +115,98 @@ def sol_estimate(args: argparse.Namespace) -> Estimate:
         raise UsageError(str(err)) from None
 
 
+def sol_prefill(args: argparse.Namespace) -> int:
+    """`sol --prompt N`: the prefill of N tokens after --pos, against the device's bandwidth
+    and its matrix peak for the weights (Device.matrix_peak), with the published prompt
+    speeds' calibrated expectation."""
+    if args.batch != 1:
+        raise UsageError("--prompt is one sequence's prompt; --batch counts decode's sequences: "
+                         "give one of them")  # fmt: skip
+    if args.pos < 0:
+        raise UsageError(f"--pos must be >= 0 (got {args.pos})")
+    p = sol_prefill_estimate(args)
+    weight_bytes = p.bytes - p.reads[KV] - p.reads[STATE]
+    device = probe_device(args, weight_bytes) if args.device == "local" else device_of(args)
+    peak, pred, exp = None, None, None
+    if device is not None:
+        peak = device.matrix_peak(p.weights)
+        pred = p.predict(device.bandwidth, peak[1])
+        exp = expected_prefill_for(device, args, pred, p)
+    if args.json:
+        out = prefill_json(p, pred) | {"device": device.name if device else None,
+                                       "peak": peak[0] if peak else None,
+                                       "predicted_prefill_tok_s": pred and pred.tokens_per_s,
+                                       "expected_prefill_tok_s": exp and 1e3 / exp.ms}  # fmt: skip
+        if exp:
+            out |= {"expected_fit": asdict(exp.fit) | {"r": exp.r},
+                    "expected_held_out": exp.spread}  # fmt: skip
+        print(json.dumps(out, indent=1))
+        return 0
+    print(prefill_text(p, pred, device, peak, exp))
+    return 0
+
+
+def sol_prefill_estimate(args: argparse.Namespace) -> Prefill:
+    """The prefill `sol --prompt` holds against a device (the model as sol_estimate's)."""
+    config, weights, head, embed = model_shape(args.config, args.weights, args.head)
+    try:
+        return prefill(config, args.prompt, weights, args.kv, args.pos, args.window, head,
+                       args.engine_layout, embed, backend_name(args.kernels))  # fmt: skip
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+
+
+def expected_prefill_for(device: Device, args: argparse.Namespace, pred: PrefillPrediction,
+                         p: Prefill):  # fmt: skip
+    """The published prompt speeds' fit (bench/prefill_fit.py) for the device's class,
+    --engine and the weights (float or quantized), beside the bound; None for this machine
+    or a class without rows."""
+    from bench.prefill_fit import PrefillPoint
+    from bench.published import expected_prefill, quantized
+
+    if device.name == "local" or not device.hw_class or not pred.peak_flops:
+        return None
+    attention = 1e3 * p.attention_flops / pred.peak_flops / p.n
+    products = pred.compute_ms / p.n - attention
+    like = PrefillPoint(pred.memory_ms / p.n, products, attention, float("nan"),
+                        device.hw_class, args.engine, quantized(p.weights), "")  # fmt: skip
+    return expected_prefill(like)
+
+
+def prefill_text(p: Prefill, pred: PrefillPrediction | None, device: Device | None, peak,
+                 exp=None) -> str:  # fmt: skip
+    """`sol --prompt`'s report: bytes, FLOPs, both bounds and the one that binds."""
+    head = f" (head {p.head})" if p.head != p.weights else ""
+    kv, state = p.reads[KV], p.reads[STATE]
+    state = f", recurrent state {state / 1e6:.2f} (written back once)" if state else ""
+    lines = [
+        f"{p.config.name}: weights {p.weights}{head}, kv {p.kv}, a prompt of {p.n} tokens "
+        f"after {p.pos} in the cache",
+        f"  bytes read once  {p.bytes / 1e6:12.2f} MB (weights {(p.bytes - kv) / 1e6:.2f}, "
+        f"KV read {kv / 1e6:.2f}{state}); KV written {p.kv_write_bytes / 1e6:.2f} MB",
+        f"  FLOPs            {p.flops / 1e9:12.1f} GFLOP ({p.flops / p.n / 1e9:.3f} a token, "
+        f"{p.flops / p.bytes:.1f} FLOP/byte)",
+    ]
+    if pred and device:
+        lines += [
+            f"  device           {device.title}: {device.bandwidth / 1e9:.4g} GB/s, {peak[0]} peak "
+            f"{(pred.peak_flops or 0) / 1e12:.4g} T/s  [{device.source}]",
+            f"  memory bound     {pred.memory_ms:12.3f} ms (bytes / bandwidth)",
+            f"  compute bound    {pred.compute_ms:12.3f} ms (FLOPs / the {peak[0]} peak)",
+            f"  speed of light   {pred.ms:.3f} ms for the prompt ({pred.tokens_per_s:.1f} tok/s), "
+            f"{pred.bound}-bound",
+        ]
+    if exp is not None:
+        f, s = exp.fit, exp.spread
+        lines.append(
+            f"  expected         {1e3 / exp.ms:.1f} tok/s: the fit of {f.group} ({f.rows} "
+            f"published prompt rows, {f.sources} sources: eta {f.eta:.2f}, attention r "
+            f"{exp.r:.2f}); on sources it was not fitted on, |error| median "
+            f"{100 * s['median']:.0f}%, 80th percentile {100 * s['p80']:.0f}%"
+        )
+    return "\n".join(lines)
+
+
 def expected_for(device: Device | None, args: argparse.Namespace, bound_ms: float):
     """The calibrated figure beside the bound: the published rows' fit for the device's
     class and --engine, or this machine's own rows (the results command keeps them)."""
@@ -121,6 +227,8 @@ def published_report(args: argparse.Namespace) -> int:
     from bench import published
 
     check_plot(args.plot)
+    if args.prefill:
+        return published_prefill_report(args)
     rows = published.held()
     if args.json:
         print(json.dumps([asdict(h.m) | {"bytes_per_token": h.bytes_per_token,
@@ -134,17 +242,41 @@ def published_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def published_prefill_report(args: argparse.Namespace) -> int:
+    """`sol --published --prefill`: the published prompt speeds against their bounds."""
+    from bench import published
+
+    rows = list(published.held_prefill())
+    if args.json:
+        out = [asdict(h.m) | {"bytes": h.bytes, "flops": h.flops, "peak": h.peak,
+                              "bound": h.bound, "predicted_prefill_tok_s": 1e3 / h.predicted_ms,
+                              "reached": h.share} for h in rows]  # fmt: skip
+        print(json.dumps(out, indent=1))
+    else:
+        print(published.prefill_report(rows, all_rows=args.rows))
+    if args.plot:
+        published.plot(rows, args.plot)
+        print(f"llama-np: wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def local_device(e: Estimate, args: argparse.Namespace) -> Device:
+    """This machine as `llama-np probe` measured it, for a decode step (probe_device)."""
+    return probe_device(args, e.bytes_per_token)
+
+
+def probe_device(args: argparse.Namespace, working_set: int) -> Device:
     """This machine as `llama-np probe` measured it (probed now if it never was): the
-    curve's bandwidth at the step's working set, and the ceiling of the arithmetic the
-    kernels run for these weights and this batch."""
+    curve's bandwidth at the working set, and the ceilings of the arithmetic the kernels
+    run: "fp32" for float weights, "int8" for quantized ones (Probe.peak_flops)."""
     probe = probe_for(args.threads or usable_cores())
-    tier, bw = probe.attainable(e.bytes_per_token)
+    tier, bw = probe.attainable(working_set)
     backend, dot = kernels_dot(backend_name(args.kernels))
-    peak = probe.peak_flops(backend, e.weights, dot)
+    peaks = {"fp32": probe.peak_flops(backend, "f32", dot),
+             "int8": probe.peak_flops(backend, "q8_0", dot)}  # fmt: skip
     title = (f"this machine ({threads_label(probe.threads)}), the probe's attainable bandwidth "
-             f"at a working set of {size_label(e.bytes_per_token)} ({tier})")  # fmt: skip
-    return Device("local", title, bw, {"fp32": peak}, "probe", probe_path(probe.threads).name)
+             f"at a working set of {size_label(working_set)} ({tier})")  # fmt: skip
+    return Device("local", title, bw, peaks, "probe", probe_path(probe.threads).name)
 
 
 def backend_name(kernels: str) -> str:

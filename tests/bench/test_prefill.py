@@ -1,0 +1,178 @@
+"""The prefill side of the speed of light (`sol --prompt`) and the published prompt speeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import published
+from bench.devices import Device, DeviceError, load_devices
+from bench.sol import keys_attended, prefill
+from llama_arch import PRESETS, Config
+from llama_np.cli import main
+
+TINY = Config("llama", 8, 2, 2, 1, 4, 16, 10)  # dim 8, 2 layers, 2 heads of 4, 1 KV head
+
+
+def test_flops_of_a_tiny_prompt_by_hand():
+    """2 layers: q 8x8, k and v 4x8, o 8x8, gate and up 16x8, down 8x16 = 640 weights a
+    layer; the head (10x8) for the last token only; attention 4 x heads x head_dim per key,
+    3 tokens after 2 in the cache: keys 3 + 4 + 5."""
+    p = prefill(TINY, 3, "f32", pos=2)
+    layers = 2 * (64 + 32 + 32 + 64 + 3 * 128)
+    attention = 2 * 4 * 2 * 4 * (3 + 4 + 5)
+    assert p.flops == 2 * 3 * layers + 2 * 80 + attention
+    # KV: per layer 1 head x 4 x 4 bytes, K and V, at the 5 positions read, 3 written
+    assert p.reads["kv_cache"] == 2 * 2 * 16 * 5 and p.kv_write_bytes == 2 * 2 * 16 * 3
+
+
+def test_keys_attended_respect_the_window():
+    assert keys_attended(0, 10, None) == 55
+    assert keys_attended(0, 10, 4) == 1 + 2 + 3 + 4 * 7
+    assert keys_attended(100, 3, 4) == 12
+    assert keys_attended(2, 3, 4) == 3 + 4 + 4
+
+
+def test_the_bound_turns_from_bytes_to_flops_as_the_prompt_grows():
+    c, gpu = PRESETS["llama-2-7b"], load_devices()["rtx-4090"]
+    bounds = [prefill(c, n, "q4_0", engine=False).predict(gpu.bandwidth,
+                                                           gpu.peak_flops("q4_0")).bound
+              for n in (1, 16, 512)]  # fmt: skip
+    assert bounds == ["memory", "memory", "compute"]
+
+
+def test_mixture_of_experts_prompt_reads_the_union_of_experts():
+    c = PRESETS["olmoe-1b-7b"]
+    one, many = prefill(c, 1, "q4_0"), prefill(c, 256, "q4_0")
+    assert many.reads["mlp_weights"] > 7 * one.reads["mlp_weights"]  # 8 of 64, then ~all
+
+
+def test_matrix_peak_rule_per_device_kind_and_format():
+    t = load_devices()
+    assert t["rtx-4090"].matrix_peak("Q4_K_M")[0] == "int8"  # MMQ on int8 tensor cores
+    assert t["rtx-4090"].matrix_peak("F16")[0] == "fp16"
+    assert t["apple-m2-ultra"].matrix_peak("q4_0")[0] == "fp16"  # no int8 listed
+    assert t["rx-580"].matrix_peak("q8_0") == ("fp16", 6.17e12)
+    assert t["rtx-4090"].matrix_peak("f32")[0] == "fp32"
+    assert t["ryzen-9-7950x"].matrix_peak("q8_0")[0] == "int8"
+    assert t["ryzen-9-7950x"].matrix_peak("F16")[0] == "fp32"  # no half FMA listed
+    assert t["apple-m2-max-cpu"].matrix_peak("F16")[0] == "fp16"
+    assert t["raspberry-pi-4"].matrix_peak("q8_0")[0] == "fp32"  # no int8 dot listed
+
+
+def test_sol_prompt_json_keys(capsys):
+    args = "sol --config llama-3-8b --weights q4_k_m --prompt 512 --device rtx-4090 --json"
+    assert main(args.split()) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"predicted_prefill_tok_s", "expected_prefill_tok_s", "flops", "bytes"} <= set(d)
+    assert d["bound"] == "compute" and d["peak"] == "int8"
+    assert d["predicted_prefill_tok_s"] == pytest.approx(512e12 * 660.6 / d["flops"])
+    assert d["expected_prefill_tok_s"] < d["predicted_prefill_tok_s"]
+    assert d["attention_flops"] < d["flops"] and d["expected_fit"]["group"].startswith("nvidia")
+
+
+def test_sol_prompt_with_a_device_file(tmp_path, capsys):
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps({"devices": [{"name": "box", "bandwidth": 1e11, "kind": "cpu",
+                                          "flops": {"fp32": 1e12, "int8": 4e12}}]}))  # fmt: skip
+    args = ["sol", "--config", "llama-2-7b", "--weights", "q8_0", "--prompt", "256",
+            "--device", "box", "--devices", str(f), "--json"]  # fmt: skip
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["peak"] == "int8" and d["peak_flops"] == 4e12
+    f.write_text(json.dumps({"devices": [{"name": "box", "bandwidth": 1e11,
+                                          "flops": {"tf32": 1e12}}]}))  # fmt: skip
+    with pytest.raises(DeviceError, match="tf32"):
+        load_devices([f])
+
+
+def test_sol_prompt_text_names_both_bounds(capsys):
+    assert main("sol --config llama-2-7b --prompt 64 --device apple-m2-ultra".split()) == 0
+    out = capsys.readouterr().out
+    assert "memory bound" in out and "compute bound" in out and "-bound" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("--prompt 0", "--prompt"),
+    ("--prompt -5", "--prompt"),
+    ("--prompt 64 --batch 4", "give one of them"),
+    ("--prompt 64 --pos -1", "--pos must be >= 0"),
+])  # fmt: skip
+def test_bad_prompt_input_is_one_line(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["sol", "--config", "llama-2-7b", *args.split()]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_published_prompt_rows_parse_and_name_known_models_and_devices():
+    rows = published.prefill_measurements()
+    devices = load_devices()
+    assert len(rows) >= 150 and len({m.source for m in rows}) >= 10
+    gpu = [m for m in rows if m.hw_class.endswith("-gpu")]
+    for cls in ("nvidia-gpu", "apple-gpu", "amd-gpu"):  # a held-out source leaves another
+        assert len({m.source for m in gpu if m.hw_class == cls}) >= 2, cls
+    assert {m.source for m in rows} <= set(published.sources())
+    for m in rows:
+        assert m.model in published.models() and m.device in devices
+        assert m.gen_tokens == 0 and m.tok_s > 0 and m.url.startswith("https://")
+    assert all(m.phase == "decode" for m in published.measurements())
+    assert len(published.measurements()) == 346  # the decode set reads as before
+
+
+def test_no_published_prompt_row_beats_its_bound():
+    for h in published.held_prefill():
+        assert h.share <= 1.0, (h.m.hardware, h.m.model, h.m.weights, h.share)
+
+
+def test_published_prefill_report(capsys):
+    assert main(["sol", "--published", "--prefill"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt (prefill) measurements" in out and "held-out" in out
+    assert "| group | eta |" in out and "r = " in out and "faster than their bound: 0" in out
+    assert isinstance(Device("x", "x", 1.0).matrix_peak("q4_0"), tuple)
+
+
+def test_prefill_fit_recovers_eta_and_r_from_exact_rows():
+    """Rows made exactly by the form (eta 0.4 on GPUs, 0.1 on CPUs, attention 3x slower than
+    the products) are fitted back exactly, and held out by source they are predicted
+    exactly too: every group keeps rows of another source."""
+    from bench.prefill_fit import PrefillPoint, fit, leave_one_source_out, spread
+
+    def row(cls, eta, products, attention, source):
+        ms = (products + 3.0 * attention) / eta
+        return PrefillPoint(0.01, products, attention, ms, cls, "llama.cpp", True, source)
+
+    pts = [row(cls, eta, pr, at, src) for cls, eta in (("nvidia-gpu", 0.4), ("cpu", 0.1))
+           for src in ("a", "b") for pr, at in ((1.0, 0.02), (1.0, 0.5), (2.0, 0.1),
+                                                (0.5, 0.4))]  # fmt: skip
+    f = fit(pts)
+    assert f.r == pytest.approx(3.0, rel=0.15)
+    assert f.etas["nvidia-gpu / llama.cpp / quantized"].eta == pytest.approx(0.4, rel=0.05)
+    assert f.etas["cpu / llama.cpp / quantized"].eta == pytest.approx(0.1, rel=0.05)
+    held = leave_one_source_out(pts)
+    assert len(held) == len(pts) and spread(held)["p90"] < 0.05
+
+
+def test_prefill_fit_falls_back_to_a_broader_group():
+    """A class with no rows of its own is predicted by its kind (GPU or CPU), not by all."""
+    from bench.prefill_fit import PrefillPoint, fit
+
+    gpu = [PrefillPoint(0.0, 1.0, 0.0, 1 / 0.5, "apple-gpu", "llama.cpp", False, s)
+           for s in "abcd"]  # fmt: skip
+    cpu = [PrefillPoint(0.0, 1.0, 0.0, 1 / 0.05, "cpu", "llama.cpp", False, s) for s in "abcd"]
+    f = fit(gpu + cpu)
+    like = PrefillPoint(0.0, 1.0, 0.0, float("nan"), "amd-gpu", "llama.cpp", False, "")
+    assert f.group_for(like).group == "gpu / float"
+    assert f.expect(like) == pytest.approx(2.0)
+
+
+def test_published_prefill_held_out_error():
+    """The leave-one-source-out error of the published prompt rows, as the report prints
+    it: a floor that a change to the rows, the peaks or the fit must not fall below."""
+    held = published.prefill_held_out()
+    gpu = [h for h in held if h.point.hw_class in ("nvidia-gpu", "apple-gpu")]
+    assert len(held) == len(published.held_prefill())
+    assert published.prefill_spread(gpu)["median"] < 0.4
+    assert published.prefill_spread(held)["median"] < 0.5
