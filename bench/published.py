@@ -577,3 +577,33 @@ def plot(rows: list[Held], path) -> None:
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_prefill(rows: list[HeldPrefill], path) -> None:
+    """Measured prompt tok/s against the bound (left) and against the calibrated fit's
+    expectation from the other sources' rows (right), by hardware class, log-log."""
+    from .report import pyplot, save_figure
+
+    plt = pyplot()
+    pts = [h.point() for h in rows]
+    held = {id(hp.point): hp for hp in prefill_loso(pts)}  # (a point no fit takes: left out)
+    bound = [(1e3 / h.predicted_ms, h) for h in rows]
+    fitted = [(1e3 / held[id(p)].expected_ms, h) for p, h in zip(pts, rows, strict=True)
+              if id(p) in held]  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, xy, label in ((axes[0], bound, "the bound"),
+                          (axes[1], fitted, "expected, the other sources' fit")):  # fmt: skip
+        for cls in HW_CLASSES:
+            mine = [(x, h.m.tok_s) for x, h in xy if h.m.hw_class == cls]
+            if mine:
+                ax.scatter(*zip(*mine, strict=True), s=14, label=cls, alpha=0.7)
+        lo = min(min(x for x, _ in xy), min(h.m.tok_s for _, h in xy)) * 0.8
+        hi = max(x for x, _ in xy) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="measured = x")
+        ax.set(xscale="log", yscale="log", xlabel=f"{label}, prompt tok/s",
+               ylabel="measured prompt tok/s")  # fmt: skip
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{len(rows)} published prompt measurements")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

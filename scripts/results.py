@@ -27,6 +27,8 @@ import validate_sol
 import llama_np  # noqa: F401  (first: it configures OpenBLAS's threads before NumPy loads)
 from bench import calibrate, published, report
 from bench import stamp as stamps
+from bench.prefill_fit import leave_one_source_out as prefill_loso
+from bench.prefill_fit import spread as prefill_spread
 from bench.probe import Caches, Probe, curve_text, run_probe, save_probe, size_label
 from bench.runner import Row, beats_its_bound
 from quant.host import usable_cores
@@ -34,7 +36,7 @@ from quant.host import usable_cores
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SECTIONS = ["probe", "validation", "batching", "peers", "peers-batch", "serve", "families",
-            "hybrids", "moe", "perplexity", "published"]  # fmt: skip
+            "hybrids", "moe", "perplexity", "published", "published-prefill"]  # fmt: skip
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 
 
@@ -409,6 +411,18 @@ def render_published(data: dict, plots: Path) -> str:
     return published.report(rows) + "\n\n![predicted vs measured](published.png)"
 
 
+def measure_published_prefill(ctx: argparse.Namespace) -> dict:
+    rows = published.held_prefill()
+    return {"rows": len(rows), "sources": len({h.m.source for h in rows})}
+
+
+def render_published_prefill(data: dict, plots: Path) -> str:
+    rows = list(published.held_prefill())
+    published.plot_prefill(rows, plots / "published-prefill.png")
+    return (published.prefill_report(rows) + "\n\n![measured prompt speeds against the bound "
+            "and the calibrated expectation](published-prefill.png)")  # fmt: skip
+
+
 TITLES = {
     "probe": "Attainable bandwidth and arithmetic (`llama-np probe`)",
     "validation": "The speed of light against measured decode, one sequence",
@@ -421,6 +435,8 @@ TITLES = {
     "moe": "A mixture of experts: the experts a step reads, measured and predicted",
     "perplexity": "What rounding x to integers costs",
     "published": "Published measurements of machines we do not have (`llama-np sol --published`)",
+    "published-prefill": "Published prompt speeds against `llama-np sol --prompt` "
+    "(`sol --published --prefill`)",
 }
 
 
@@ -504,7 +520,19 @@ def readme_block(results: dict) -> str:
                      f"{reached:.2f}; calibrated, the error on held-out sources: median "
                      f"{100 * s['median']:.0f}%, p90 {100 * s['p90']:.0f}% | "
                      f"{where('published', 'published')} |")  # fmt: skip
+    if "published-prefill" in results:
+        lines.append(prefill_line(where("published-prefill", "published prompt speeds")))
     return "\n".join(lines) + "\n\n" + measured_on(results)
+
+
+def prefill_line(where: str) -> str:
+    """The README's row of the published prompt speeds: the bound beaten by how many, the
+    calibrated expectation's error on held-out sources."""
+    held = list(published.held_prefill())
+    s = prefill_spread(prefill_loso([h.point() for h in held]))
+    return (f"| published prompt speeds, {len(held)} rows: `sol --prompt`'s bound; calibrated, "
+            f"the error on held-out sources | beaten by {len(published.beaten(held))}; median "
+            f"{100 * s['median']:.0f}%, p80 {100 * s['p80']:.0f}% | {where} |")  # fmt: skip
 
 
 def hybrid_lines(data: dict, where: str) -> list[str]:
