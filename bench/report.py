@@ -33,6 +33,7 @@ COLUMNS = [
     ("window", lambda r: str(r.window or "-")),
     ("depth", lambda r: str(r.depth)),
     ("prefill tok/s", lambda r: f"{r.prefill_tok_s:.1f}"),
+    ("prefill MFU %", lambda r: _opt(r.prefill_mfu, ".1f")),
     ("decode ms/tok", lambda r: f"{r.decode_ms:.2f} ({r.decode_ms_min:.2f}-{r.decode_ms_max:.2f})"),
     ("MB/tok", lambda r: f"{r.bytes_per_token / 1e6:.1f}"),
     ("GB/s", lambda r: f"{r.gbs:.1f}"),

@@ -24,6 +24,7 @@ from .devices import Device
 from .meter import CATEGORIES, WAITS, Meter
 from .probe import Probe
 from .sol import Estimate, estimate, experts_read, weights_label
+from .sol import prefill as prefill_estimate
 
 
 class Variant(NamedTuple):
@@ -110,6 +111,9 @@ class Row:
     bytes_per_step: float = 0.0  # measured by the meter (= bytes_per_token at batch 1)
     flops_per_step: int = 0  # the speed-of-light model's
     peak_gflops: float | None = None  # the ceiling of the arithmetic these kernels run
+    prefill_flops: float = 0.0  # the speed-of-light model's FLOPs of the timed prompt, per
+    # prompt token
+    prefill_mfu: float | None = None  # % of peak_gflops the prompt ran at
     ridge_batch: float | None = None  # B*: the batch beyond which the step is compute-bound
     working_set: int = 0  # bytes a step streams (the speed-of-light model's): where on the
     # probe's curve the attainable bandwidth is read
@@ -209,6 +213,10 @@ def _row(config: Config, f: Variant, s: Settings, depth: int, batch: int,
         batch=batch, batched=bool(s.batch), step_ms=decode_ms, tok_s=1e3 * batch / decode_ms,
         bytes_per_step=measured, flops_per_step=est.flops, working_set=est.bytes_per_token,
     )  # fmt: skip
+    if not s.batch:
+        p = prefill_estimate(config, s.prompt, f.weights, f.kv, depth, s.window, f.head,
+                             embed=f.embed, kernels=f.backend)  # fmt: skip
+        row.prefill_flops = p.flops / s.prompt
     if used:
         row.experts, row.experts_by_layer = statistics.fmean(used), used
         row.sol_experts = experts_read(config, batch)
@@ -248,6 +256,8 @@ def hold(row: Row, est: Estimate, probe: Probe, f: Variant) -> None:
     row.sol_ms, row.bound = pred.ms_per_token, pred.bound
     row.measured_over_sol = row.decode_ms / pred.ms_per_token
     row.peak_gflops, row.ridge_batch = peak / 1e9, est.ridge_batch(bw, peak)
+    if row.prefill_flops:  # the prompt's FLOPs at its speed, against the same ceiling
+        row.prefill_mfu = 100 * row.prefill_flops * row.prefill_tok_s / peak
 
 
 def rehold(rows: list[Row], dec: Decoder, s: Settings, probe: Probe) -> None:

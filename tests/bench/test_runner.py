@@ -15,7 +15,7 @@ from bench import report
 from bench.meter import Meter
 from bench.probe import Caches, Probe
 from bench.runner import Settings, Variant, rehold, run
-from bench.sol import estimate
+from bench.sol import estimate, prefill
 from llama_arch import Config
 
 MIB = 1 << 20
@@ -209,6 +209,12 @@ def test_runner_rows_are_consistent(rows):
         assert r.tier == "L2" and r.attainable_gbs == 60.0  # the smallest size's figure
         assert r.pct_attainable == pytest.approx(100 * r.gbs / 60)
         assert r.measured_over_sol == pytest.approx(r.decode_ms / r.sol_ms)
+        # the prompt's FLOPs (sol.prefill's, per token) at its speed over the same ceiling
+        per_token = prefill(TINY, 8, "q8_0", pos=r.depth, kernels="numpy").flops / 8
+        assert r.prefill_flops == pytest.approx(per_token, rel=1e-3)
+        assert r.prefill_mfu == pytest.approx(
+            100 * per_token * r.prefill_tok_s / (r.peak_gflops * 1e9), rel=1e-3
+        )
         assert abs(r.bytes_per_token - r.sol_bytes_per_token) <= 2 * 2 * 2 * 64 * 4  # KV drift
         assert (r.model, r.weights, r.kernels) == ("tiny", "q8_0", "numpy")
         prof = r.profile
