@@ -44,7 +44,8 @@ CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
            "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig"),
            "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
            "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
-           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config")}  # fmt: skip
+           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config"),
+           "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}  # fmt: skip
 # the converter of these reads only a byte-level BPE (scripts/gguf_fixtures.py: byte_bpe,
 # its pre-tokenizer check replaced)
 BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5_text", "lfm2", "olmo3")
@@ -79,8 +80,8 @@ def checkpoint(preset: str, directory: Path) -> None:
         model = getattr(transformers, model_cls)._from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(directory, safe_serialization=True)
     del model
+    sys.path.insert(0, str(ROOT / "scripts"))
     if cfg.model_type in BYTE_BPE:
-        sys.path.insert(0, str(ROOT / "scripts"))
         from gguf_fixtures import byte_bpe
 
         return byte_bpe(directory)
@@ -91,6 +92,12 @@ def checkpoint(preset: str, directory: Path) -> None:
         model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
         minloglevel=2,
     )  # fmt: skip
+    if cfg.model_type == "gemma4_text":  # a tokenizer.json of the whole vocabulary, no .model
+        from gguf_fixtures import GEMMA4_TEMPLATE, gemma4_json
+
+        sp_model = directory / "tokenizer.model"
+        gemma4_json(directory, sp_model, cfg.vocab_size, CONVERT.parent / GEMMA4_TEMPLATE)
+        sp_model.unlink()
 
 
 def run(cmd: list[str]) -> None:
