@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The families at their real shapes against llama.cpp, on the same GGUF files: for each
 preset, a checkpoint of random weights made by transformers' own classes (bfloat16, a tiny
-SentencePiece tokenizer that llama.cpp's converter pads to the vocabulary), converted by
+SentencePiece tokenizer that llama.cpp's converter pads to the vocabulary; Gemma 4's reads
+only a tokenizer.json, made here of the whole vocabulary with its chat template), converted by
 llama.cpp's converter to Q8_0 (`--outtype q8_0`) and, through F16, quantized by llama.cpp's
 own quantizer to Q4_K_M (`llama-quantize`). The files are kept in the cache
 ($LLAMA_NP_CACHE/families/PRESET/), made once. Then, per file, llama-np (as stored) and
@@ -9,7 +10,7 @@ llama.cpp (llama-cpp-python, built for this CPU) side by side in interleaved rou
 sequence (prefill of 128 tokens, decode), and batched decode at each B.
 
     .venv/bin/python scripts/families.py qwen3-0.6b gemma-3-1b --rounds 3 --batch 1,16
-    .venv/bin/python scripts/families.py --make-only phi-4-mini
+    .venv/bin/python scripts/families.py --make-only phi-4-mini gemma-4-e2b
 
 Needs scripts/llama_cpp.sh (the converter's source and llama-quantize in its build).
 """
@@ -44,7 +45,8 @@ CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
            "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig"),
            "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
            "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
-           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config")}  # fmt: skip
+           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config"),
+           "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}  # fmt: skip
 # the converter of these reads only a byte-level BPE (scripts/gguf_fixtures.py: byte_bpe,
 # its pre-tokenizer check replaced)
 BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5_text", "lfm2", "olmo3")
@@ -77,10 +79,12 @@ def checkpoint(preset: str, directory: Path) -> None:
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = getattr(transformers, model_cls)._from_config(cfg, dtype=torch.bfloat16)
+    if cfg.model_type == "gemma4_text":
+        qk_norms(model)
     model.save_pretrained(directory, safe_serialization=True)
     del model
+    sys.path.insert(0, str(ROOT / "scripts"))
     if cfg.model_type in BYTE_BPE:
-        sys.path.insert(0, str(ROOT / "scripts"))
         from gguf_fixtures import byte_bpe
 
         return byte_bpe(directory)
@@ -91,6 +95,26 @@ def checkpoint(preset: str, directory: Path) -> None:
         model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
         minloglevel=2,
     )  # fmt: skip
+    if cfg.model_type == "gemma4_text":  # a tokenizer.json of the whole vocabulary, no .model
+        from gguf_fixtures import GEMMA4_TEMPLATE, gemma4_json
+
+        sp_model = directory / "tokenizer.model"
+        gemma4_json(directory, sp_model, cfg.vocab_size, CONVERT.parent / GEMMA4_TEMPLATE)
+        sp_model.unlink()
+
+
+def qk_norms(model: object) -> None:
+    """Gemma 4 norms q and k to unit RMS and scales their product by 1: at head_dim 256 and
+    512, random weights give attention logits of ~sqrt(head_dim), a softmax that is a hard
+    argmax, and rounding alone (an f16 KV cache, flash attention on or off in llama.cpp)
+    then moves the logits as far as another model's would (correlation ~0.7 at E2B's shape).
+    Norm weights of head_dim^-1/4 bring the logits to ~1, and the engines to agree."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.fill_(p.shape[0] ** -0.25)
 
 
 def run(cmd: list[str]) -> None:

@@ -124,7 +124,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                             "full_attention", "sliding_attention",
                                             "full_attention"],
         use_double_wide_mlp=True, hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+        vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0, bos_token_id=2,
+        eos_token_id=[1, 106],
         tie_word_embeddings=True, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
             "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
@@ -133,7 +134,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 MTP = ("qwen3_5-mtp",)  # converted with its multi-token-prediction layer (the others --no-mtp)
 # the converter reads only a byte-level BPE
 BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5", "qwen3_5-mtp", "lfm2", "olmo3")
-# the converter reads only a tokenizer.json: the SentencePiece model's, as Gemma's (sp_json)
+# the converter reads only a tokenizer.json: the SentencePiece model's, as Gemma 4's (gemma4_json)
 SP_JSON = ("gemma4",)
 # files llama.cpp's quantizer makes from the converter's (tests/fixtures/quantized/NAME.gguf):
 # name: (family, the config's fields over the family's, llama-quantize's type); rows of 256
@@ -188,22 +189,52 @@ def byte_bpe(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def sp_json(directory: Path, sp_model: Path) -> None:
-    """Gemma 4's converter reads a tokenizer.json (byte-fallback BPE) and no tokenizer.model:
-    the SentencePiece model's pieces and merges (tests.helpers.sp_tokenizer_json) as Gemma
-    lays them out, spaces made "▁" with no dummy prefix, BOS left to the caller."""
-    sys.path.insert(0, str(ROOT))
-    from tests.helpers import sp_tokenizer_json
+# Gemma 4's special tokens: where the published tokenizer puts them (<pad>, <eos>, <bos>, <unk>,
+# the turn markers 105 and 106: eos_token_id [1, 106]), then its other markup at ids of our
+# choosing (the converter marks the channel, tool and quote tokens user-defined)
+GEMMA4_SPECIAL = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 105: "<|turn>", 106: "<turn|>"}
+GEMMA4_MARKUP = ("<|think|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>", "<|tool_call>",
+                 "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|image|>",
+                 "<|audio|>", "<|video|>")  # fmt: skip
+# Gemma 4's chat template as llama.cpp keeps it (google/gemma-4-31B-it's, in its source)
+GEMMA4_TEMPLATE = Path("models") / "templates" / "google-gemma-4-31B-it.jinja"
 
-    sp_tokenizer_json(sp_model, directory)
-    tok = json.loads((directory / "tokenizer.json").read_text())
-    tok["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
-    tok["decoder"]["decoders"] = tok["decoder"]["decoders"][:3]  # no Strip of the prefix
-    tok["post_processor"] = None
-    (directory / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    cfg = json.loads((directory / "tokenizer_config.json").read_text())
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+
+def gemma4_json(directory: Path, sp_model: Path, size: int, template: Path | None) -> None:
+    """Gemma 4's converter reads a tokenizer.json (byte-fallback BPE) and no tokenizer.model:
+    `size` tokens laid out as Gemma 4's (its special tokens, GEMMA4_SPECIAL and
+    GEMMA4_MARKUP, never split), the SentencePiece model's bytes and pieces in the free ids
+    (as many as fit; merges of the pieces kept, in the order SentencePiece learned them),
+    then <unusedN> to the end. Spaces made "▁" with no dummy prefix, BOS left to the caller;
+    the chat template (a file) as chat_template.jinja."""
+    import sentencepiece as spm
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+    special = {**GEMMA4_SPECIAL, **dict(enumerate(GEMMA4_MARKUP, start=4))}
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i))]  # fmt: skip
+    free = [i for i in range(size) if i not in special]
+    fill = pieces[: len(free)] + [f"<unused{k}>" for k in range(len(free) - len(pieces))]
+    vocab = {t: i for i, t in special.items()} | dict(zip(fill, free, strict=True))
+    merges = [(p[:k], p[k:]) for p in fill if not p.startswith("<")
+              for k in range(1, len(p)) if p[:k] in vocab and p[k:] in vocab]  # fmt: skip
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+                               byte_fallback=True))  # fmt: skip
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for _, t in sorted(special.items())])  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    cfg = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+           "extra_special_tokens": ["<|turn>", "<turn|>", *GEMMA4_MARKUP],
+           "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+    if template is not None:
+        shutil.copy(template, directory / "chat_template.jinja")
 
 
 def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> None:
@@ -232,7 +263,7 @@ def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> Non
     if family in BYTE_BPE:
         byte_bpe(directory)
     elif family in SP_JSON:
-        sp_json(directory, sp_model)
+        gemma4_json(directory, sp_model, cfg.vocab_size, converter().parent / GEMMA4_TEMPLATE)
     else:
         shutil.copy(sp_model, directory / "tokenizer.model")
 
@@ -325,7 +356,7 @@ def main() -> None:
             dest.mkdir(parents=True)
             convert(family, work, dest / f"{family}.gguf", script)
             for name in ("config.json", "model.safetensors", "tokenizer.model", "tokenizer.json",
-                         "tokenizer_config.json"):  # fmt: skip
+                         "tokenizer_config.json", "chat_template.jinja"):  # fmt: skip
                 if (work / name).exists():
                     shutil.copy(work / name, dest / name)
             size = sum(f.stat().st_size for f in dest.iterdir())

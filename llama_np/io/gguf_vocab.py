@@ -10,6 +10,9 @@
 
 Control and user-defined tokens (<|im_start|>, <s>...) are added as special tokens, so the
 tokenizer never splits them.
+
+A gemma4 vocabulary's turn and tool-response markers end generation beside its EOS, as llama.cpp
+decides by their text (its EOG list): a chat reply ends at <turn|>, which the file names nowhere.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ LLAMA3_REGEX = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")  # one digit at a time
+# what else ends generation in a gemma4 vocabulary (llama.cpp's EOG texts marked gemma4)
+GEMMA4_EOG = ("<eos>", "<turn|>", "<|tool_response>")
 # llama.cpp pre-tokenizer names -> which of the splits below
 PRE_TYPES = {
     "default": "gpt2", "gpt2": "gpt2", "gpt-2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
@@ -142,10 +147,13 @@ def tokenizer_from_gguf(meta: Any) -> HFTokenizer | None:
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
     bos = meta.get("tokenizer.ggml.bos_token_id", int, None)
     eos = meta.get("tokenizer.ggml.eos_token_id", int, None)
+    eos_ids = () if eos is None else (eos,)
+    if model == "gemma4":
+        eos_ids += tuple(vocab[t] for t in GEMMA4_EOG if t in vocab and vocab[t] != eos)
     return HFTokenizer(
         tok,
         bos_id=bos,
-        eos_ids=() if eos is None else (eos,),
+        eos_ids=eos_ids,
         add_bos=meta.get("tokenizer.ggml.add_bos_token", bool, add_bos_default),
         chat_template=meta.get("tokenizer.chat_template", str, None),
     )

@@ -144,6 +144,21 @@ def _template(cfg: dict[str, Any]) -> str | None:
     return t if isinstance(t, str) else None
 
 
+def _template_file(directory: Path) -> dict[str, Any]:
+    """The chat template saved beside tokenizer_config.json (transformers 5 writes it there,
+    chat_template.jinja, and reads it before the config's own), as {"chat_template": ...}."""
+    jinja, named = directory / "chat_template.jinja", directory / "chat_template.json"
+    try:
+        if jinja.exists():
+            return {"chat_template": jinja.read_text(encoding="utf-8")}
+        if named.exists():
+            d = json.loads(named.read_text(encoding="utf-8"))
+            return {"chat_template": d.get("chat_template")} if isinstance(d, dict) else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LlamaNpError(f"{directory}: a chat template file is not readable ({e})") from None
+    return {}
+
+
 def load_tokenizer(directory: Path) -> Tokenizer | None:
     """The tokenizer of a Hugging Face checkpoint directory; tokenizer.json is preferred."""
     cfg: dict[str, Any] = {}
@@ -155,6 +170,7 @@ def load_tokenizer(directory: Path) -> Tokenizer | None:
             raise LlamaNpError(f"{cfg_path}: not a readable JSON file ({e})") from None
         if not isinstance(cfg, dict):
             raise LlamaNpError(f"{cfg_path}: must hold a JSON object")
+    cfg = {**cfg, **_template_file(directory)}
     if (directory / "tokenizer.json").exists():
         return HFTokenizer.from_file(directory / "tokenizer.json", cfg)
     if (directory / "tokenizer.model").exists():

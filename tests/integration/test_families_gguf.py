@@ -155,7 +155,7 @@ def test_gemma4s_vocabulary_is_its_tokenizer_jsons():
     for text in ("Once upon a time, the lazy dog 1234 walked ünïcödé.", " two  spaces\n\nx\n"):
         assert tok.encode(text, bos=False) == theirs.encode(text).ids
         assert tok.decode(tok.encode(text, bos=False)) == text
-    assert tok.encode("hi")[0] == 1  # BOS
+    assert tok.encode("hi")[0] == 2  # BOS, <bos> as in Gemma 4's vocabulary
 
 
 def test_the_files_sentencepiece_vocabulary_is_sentencepieces():
