@@ -261,7 +261,7 @@ def render_families(data: dict, plots: Path) -> str:
 # depth; the files llama.cpp runs beside llama-np (scripts/peers_bench.py)
 HYBRID_PRESETS = ["smollm2-360m", "qwen3.5-2b", "lfm2-1.2b", "gemma-4-e2b"]
 HYBRID_DEPTHS, HYBRID_DEEP = (0, 16384), ["qwen3.5-2b", "smollm2-1.7b"]
-HYBRID_PEERS = ["qwen3.5-0.8b", "lfm2-1.2b", "gemma-4-e2b"]
+HYBRID_PEERS = ["qwen3.5-0.8b", "qwen3.5-2b", "lfm2-1.2b", "gemma-4-e2b"]
 
 
 def measure_hybrids(ctx: argparse.Namespace) -> dict:
