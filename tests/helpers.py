@@ -239,29 +239,13 @@ MODELS |= FAMILIES
 
 
 def hf_classes(arch: str) -> tuple[Any, Any]:
-    """transformers' (model class, config class) of an architecture."""
-    import transformers as t
+    """transformers' (model class, config class) of an architecture (llama_arch's table)."""
+    import transformers
 
-    return {
-        "llama": (t.LlamaForCausalLM, t.LlamaConfig),
-        "mistral": (t.MistralForCausalLM, t.MistralConfig),
-        "qwen2": (t.Qwen2ForCausalLM, t.Qwen2Config),
-        "qwen3": (t.Qwen3ForCausalLM, t.Qwen3Config),
-        "gemma2": (t.Gemma2ForCausalLM, t.Gemma2Config),
-        "gemma3": (t.Gemma3ForCausalLM, t.Gemma3TextConfig),
-        "phi3": (t.Phi3ForCausalLM, t.Phi3Config),
-        "smollm3": (t.SmolLM3ForCausalLM, t.SmolLM3Config),
-        "olmo2": (t.Olmo2ForCausalLM, t.Olmo2Config),
-        "granite": (t.GraniteForCausalLM, t.GraniteConfig),
-        "mixtral": (t.MixtralForCausalLM, t.MixtralConfig),
-        "qwen3_moe": (t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig),
-        "olmoe": (t.OlmoeForCausalLM, t.OlmoeConfig),
-        "granitemoe": (t.GraniteMoeForCausalLM, t.GraniteMoeConfig),
-        "qwen3_5": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
-        "lfm2": (t.Lfm2ForCausalLM, t.Lfm2Config),
-        "olmo3": (t.Olmo3ForCausalLM, t.Olmo3Config),
-        "gemma4": (t.Gemma4ForCausalLM, t.Gemma4TextConfig),
-    }[arch]
+    from llama_arch.families import FAMILIES as TABLE
+
+    f = TABLE[arch]
+    return getattr(transformers, f.hf_class), getattr(transformers, f.hf_config)
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
