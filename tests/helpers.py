@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,14 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
+
+
+@functools.cache
+def hf_greedy_logits(model: Any, ids: tuple[int, ...], n: int) -> tuple[list[int], Any]:
+    """transformers' n greedy tokens after ids and its logits of the whole sequence, once
+    per model and prompt (a real model's tests compare both kernel backends with them)."""
+    theirs = hf_greedy(model, list(ids), n)
+    return theirs, hf_logits(model, [*ids, *theirs])
 
 
 def sp_vocab(model_file: Path) -> tuple[list[str], list[float], list[int]]:
