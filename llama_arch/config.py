@@ -79,12 +79,6 @@ class DeltaNet:
         return 2 * self.key_dim + self.value_dim
 
     @property
-    def in_dim(self) -> int:
-        """The rows of the stacked input projection: q, k, v, then z (the output gate),
-        then b (beta) and a (the decay), one of each per value head."""
-        return self.conv_dim + self.value_dim + 2 * self.v_heads
-
-    @property
     def state_floats(self) -> int:
         return self.v_heads * self.k_dim * self.v_dim
 

@@ -11,7 +11,7 @@ from .blocks import BLOCK_FORMATS
 from .errors import QuantError
 from .floats import BF16Weight, F16Weight, F32Weight
 from .ggml import GGML_TYPES, LAYOUTS
-from .stack import StackedWeight, stack_rows
+from .stack import StackedWeight, stacked
 
 # The NumPy backend's class of every format (quant.backends.Backend.formats)
 FORMATS: dict[str, type[Weight]] = {
@@ -32,5 +32,5 @@ __all__ = [
     "QuantError",
     "StackedWeight",
     "Weight",
-    "stack_rows",
+    "stacked",
 ]

@@ -8,7 +8,7 @@ import numpy as np
 from .base import Matrix, Weight
 
 
-def stack_rows(weights: list[Weight]) -> Matrix:
+def stacked(weights: list[Weight]) -> Matrix:
     """One matrix holding `weights`' rows in order: a new matrix of their common format;
     or a StackedWeight that leaves each part where it is, when the formats differ (a GGUF
     may keep v in higher precision: a stored tensor is never quantized again) or when the

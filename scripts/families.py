@@ -32,21 +32,6 @@ CACHE = Path(os.environ.get("LLAMA_NP_CACHE", Path.home() / ".cache" / "llama-np
 SRC = CACHE / f"llama.cpp-{VERSION}"
 CONVERT = SRC / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
 QUANTIZE = SRC / "build-server" / "bin" / "llama-quantize"
-# a preset's transformers classes (the config from the preset's own config.json fields)
-CLASSES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
-           "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
-           "phi3": ("Phi3ForCausalLM", "Phi3Config"), "llama": ("LlamaForCausalLM", "LlamaConfig"),
-           "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config"),
-           "olmo2": ("Olmo2ForCausalLM", "Olmo2Config"),
-           "granite": ("GraniteForCausalLM", "GraniteConfig"),
-           "mixtral": ("MixtralForCausalLM", "MixtralConfig"),
-           "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig"),
-           "olmoe": ("OlmoeForCausalLM", "OlmoeConfig"),
-           "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig"),
-           "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
-           "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
-           "olmo3": ("Olmo3ForCausalLM", "Olmo3Config"),
-           "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}  # fmt: skip
 # the converter of these reads only a byte-level BPE (scripts/gguf_fixtures.py: byte_bpe,
 # its pre-tokenizer check replaced)
 BYTE_BPE = ("olmo2", "qwen3_moe", "olmoe", "qwen3_5_text", "lfm2", "olmo3")
@@ -58,13 +43,14 @@ def hf_config(preset: str) -> tuple[str, object]:
     import transformers
 
     from llama_arch import PRESETS, config_to_hf
+    from llama_arch.families import FAMILIES
 
     d = config_to_hf(PRESETS[preset])
     d.pop("architectures", None)
     d.pop("torch_dtype", None)
-    model_cls, cfg_cls = CLASSES[PRESETS[preset].arch]
+    family = FAMILIES[PRESETS[preset].arch]  # the config from the preset's config.json fields
     d.pop("model_type")
-    return model_cls, getattr(transformers, cfg_cls)(**d)
+    return family.hf_class, getattr(transformers, family.hf_config)(**d)
 
 
 def checkpoint(preset: str, directory: Path) -> None:

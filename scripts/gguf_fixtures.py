@@ -55,69 +55,68 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attent
               num_key_value_heads=1, max_position_embeddings=256, rms_norm_eps=1e-6,
               initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=None,
               tie_word_embeddings=False)  # fmt: skip
-# family: (transformers' model class, its config class, the config's own fields)
-FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(num_hidden_layers=2, head_dim=24,
-                                                       rope_theta=1e6)),
-    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+# family: its config's own fields (its transformers classes: llama_arch.families; a name
+# with a suffix, -mtp, is its family's)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen3": dict(num_hidden_layers=2, head_dim=24, rope_theta=1e6),
+    "gemma2": dict(
         num_hidden_layers=3, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
         attn_logit_softcapping=2.0, final_logit_softcapping=3.0, rope_theta=10000.0,
-        tie_word_embeddings=True)),
-    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        tie_word_embeddings=True),
+    "gemma3": dict(
         num_hidden_layers=6, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
         rope_theta=1e6, rope_local_base_freq=1e4, final_logit_softcapping=3.0,
-        rope_scaling={"rope_type": "linear", "factor": 8.0}, tie_word_embeddings=True)),
-    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, tie_word_embeddings=True),
+    "phi3": dict(
         num_hidden_layers=2, hidden_size=96, partial_rotary_factor=0.75,
         original_max_position_embeddings=128, tie_word_embeddings=True,
         rope_scaling={"type": "longrope", "short_factor": [1 + 0.05 * i for i in range(9)],
-                      "long_factor": [1 + 0.7 * i for i in range(9)]})),
-    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, head_dim=24,
-                                                            rope_theta=5e5)),
-    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(num_hidden_layers=2, rope_theta=5e5)),
-    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(
+                      "long_factor": [1 + 0.7 * i for i in range(9)]}),
+    "smollm3": dict(num_hidden_layers=4, head_dim=24, rope_theta=5e5),
+    "olmo2": dict(num_hidden_layers=2, rope_theta=5e5),
+    "granite": dict(
         num_hidden_layers=2, num_key_value_heads=2, embedding_multiplier=6.0,
-        attention_multiplier=0.04, residual_multiplier=0.3, logits_scaling=4.0)),
+        attention_multiplier=0.04, residual_multiplier=0.3, logits_scaling=4.0),
     # mixtures of experts, as llama.cpp runs them: mixtral (GGUF architecture llama with
     # experts), qwen3_moe renormalized (llama.cpp always renormalizes it), olmoe not (never)
     # with as many KV heads as heads (its k norm is n_embd wide there) and eps 1e-5 (the
     # converter writes that), granitemoe with one expert a token
-    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+    "mixtral": dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=40, num_local_experts=5,
-        num_experts_per_tok=2, rope_theta=1e6, sliding_window=None)),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        num_experts_per_tok=2, rope_theta=1e6, sliding_window=None),
+    "qwen3_moe": dict(
         num_hidden_layers=2, head_dim=24, rope_theta=1e6, num_experts=16,
-        num_experts_per_tok=4, moe_intermediate_size=20, norm_topk_prob=True)),
-    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(
+        num_experts_per_tok=4, moe_intermediate_size=20, norm_topk_prob=True),
+    "olmoe": dict(
         num_hidden_layers=2, num_key_value_heads=4, rms_norm_eps=1e-5, intermediate_size=24,
-        num_experts=7, num_experts_per_tok=3, norm_topk_prob=False, rope_theta=1e4)),
-    "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", dict(
+        num_experts=7, num_experts_per_tok=3, norm_topk_prob=False, rope_theta=1e4),
+    "granitemoe": dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=40, num_local_experts=4,
         num_experts_per_tok=1, embedding_multiplier=6.0, attention_multiplier=0.04,
-        residual_multiplier=0.3, logits_scaling=4.0)),
+        residual_multiplier=0.3, logits_scaling=4.0),
     # the hybrids (transformers 5): Qwen3.5's gated delta net (value heads twice the key
     # heads, as llama.cpp wants k_dim = v_dim and head_dim >= 32) converted --no-mtp, and
     # the same with a multi-token-prediction layer the model must skip; LFM2's short
     # convolutions; OLMo 3's sliding layers with YaRN on the full ones
-    "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", QWEN3_5),
-    "qwen3_5-mtp": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", QWEN3_5),
-    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", dict(
+    "qwen3_5": QWEN3_5,
+    "qwen3_5-mtp": QWEN3_5,
+    "lfm2": dict(
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, norm_eps=1e-5,
         initializer_range=0.1,
         layer_types=["conv", "full_attention", "conv", "full_attention"], block_ff_dim=72,
-        block_multiple_of=16, rope_theta=1e6, tie_word_embeddings=True)),
-    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(
+        block_multiple_of=16, rope_theta=1e6, tie_word_embeddings=True),
+    "olmo3": dict(
         num_hidden_layers=4, num_key_value_heads=2, rms_norm_eps=1e-6, sliding_window=8,
         initializer_range=0.1, rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 5e5,
                                             "factor": 8.0, "original_max_position_embeddings": 32,
                                             "attention_factor": 1 + 0.1 * math.log(8.0)},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}})),
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}),
     # Gemma 4 at tests/helpers' model's shapes: sliding layers of head_dim 16 beside full ones of 32
     # (proportional RoPE, a quarter turned) under a window of 6, the last two layers reading
     # an earlier layer's KV with a double-wide MLP, per-layer embeddings of 8 a layer; the
     # last layers before the shared ones a sliding and a full one (llama.cpp's shared
     # layers read those two, whatever their kind)
-    "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig", dict(
+    "gemma4": dict(
         hidden_size=48, intermediate_size=40, num_hidden_layers=5, num_attention_heads=2,
         head_dim=16, global_head_dim=32, sliding_window=6, num_kv_shared_layers=2,
         initializer_range=0.1, layer_types=["sliding_attention", "sliding_attention",
@@ -129,7 +128,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         tie_word_embeddings=True, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
             "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
-                               "partial_rotary_factor": 0.25}})),
+                               "partial_rotary_factor": 0.25}}),
 }  # fmt: skip
 MTP = ("qwen3_5-mtp",)  # converted with its multi-token-prediction layer (the others --no-mtp)
 # the converter reads only a byte-level BPE
@@ -243,13 +242,15 @@ def checkpoint(family: str, directory: Path, sp_model: Path, **more: Any) -> Non
     import torch
     import transformers
 
-    cls_name, cfg_name, fields = FAMILIES[family]
-    fields = {**fields, **more}
+    from llama_arch.families import FAMILIES as TABLE
+
+    classes = TABLE[family.removesuffix("-mtp")]
+    fields = {**FAMILIES[family], **more}
     if family in BYTE_BPE:  # the byte-level tokenizer's <s> and </s> (tests.helpers)
         fields = {**fields, "bos_token_id": 256, "eos_token_id": 257}
-    cfg = getattr(transformers, cfg_name)(**{**COMMON, **fields})
+    cfg = getattr(transformers, classes.hf_config)(**{**COMMON, **fields})
     torch.manual_seed(SEED)
-    model = getattr(transformers, cls_name)(cfg).eval()
+    model = getattr(transformers, classes.hf_class)(cfg).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n or "bias" in n or n.endswith("A_log"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -239,29 +240,13 @@ MODELS |= FAMILIES
 
 
 def hf_classes(arch: str) -> tuple[Any, Any]:
-    """transformers' (model class, config class) of an architecture."""
-    import transformers as t
+    """transformers' (model class, config class) of an architecture (llama_arch's table)."""
+    import transformers
 
-    return {
-        "llama": (t.LlamaForCausalLM, t.LlamaConfig),
-        "mistral": (t.MistralForCausalLM, t.MistralConfig),
-        "qwen2": (t.Qwen2ForCausalLM, t.Qwen2Config),
-        "qwen3": (t.Qwen3ForCausalLM, t.Qwen3Config),
-        "gemma2": (t.Gemma2ForCausalLM, t.Gemma2Config),
-        "gemma3": (t.Gemma3ForCausalLM, t.Gemma3TextConfig),
-        "phi3": (t.Phi3ForCausalLM, t.Phi3Config),
-        "smollm3": (t.SmolLM3ForCausalLM, t.SmolLM3Config),
-        "olmo2": (t.Olmo2ForCausalLM, t.Olmo2Config),
-        "granite": (t.GraniteForCausalLM, t.GraniteConfig),
-        "mixtral": (t.MixtralForCausalLM, t.MixtralConfig),
-        "qwen3_moe": (t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig),
-        "olmoe": (t.OlmoeForCausalLM, t.OlmoeConfig),
-        "granitemoe": (t.GraniteMoeForCausalLM, t.GraniteMoeConfig),
-        "qwen3_5": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
-        "lfm2": (t.Lfm2ForCausalLM, t.Lfm2Config),
-        "olmo3": (t.Olmo3ForCausalLM, t.Olmo3Config),
-        "gemma4": (t.Gemma4ForCausalLM, t.Gemma4TextConfig),
-    }[arch]
+    from llama_arch.families import FAMILIES as TABLE
+
+    f = TABLE[arch]
+    return getattr(transformers, f.hf_class), getattr(transformers, f.hf_config)
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides: Any):
@@ -333,6 +318,14 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
+
+
+@functools.cache
+def hf_greedy_logits(model: Any, ids: tuple[int, ...], n: int) -> tuple[list[int], Any]:
+    """transformers' n greedy tokens after ids and its logits of the whole sequence, once
+    per model and prompt (a real model's tests compare both kernel backends with them)."""
+    theirs = hf_greedy(model, list(ids), n)
+    return theirs, hf_logits(model, [*ids, *theirs])
 
 
 def sp_vocab(model_file: Path) -> tuple[list[str], list[float], list[int]]:

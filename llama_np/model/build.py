@@ -11,7 +11,7 @@ from llama_arch import MIXER_VECTORS, Config, layer_matrices, layer_vectors
 from llama_arch.families import FAMILIES
 from llama_np.errors import LlamaNpError
 from llama_np.model.transformer import ConvMixer, DeltaMixer, Experts, Layer, Weights
-from quant import Matrix, Weight, arena, stack_rows
+from quant import Matrix, Weight, arena, stacked
 from quant.backends import Backend, numpy_backend
 
 Tensor = Weight | np.ndarray  # a matrix in some format, or a float32 vector (norms, biases)
@@ -280,14 +280,14 @@ def build_weights(
         m.update({k: to(v, "f32" if k == "router" else fmt) for k, v in m.items()
                   if isinstance(v, Weight)})  # fmt: skip
         if "d_qkv" in m:  # a delta net's input projections, one product
-            m["d_in"] = stack_rows([m.pop(f"d_{x}") for x in ("qkv", "z", "b", "a")])
+            m["d_in"] = stacked([m.pop(f"d_{x}") for x in ("qkv", "z", "b", "a")])
         elif "wq" in m:  # attention's, unless stored fused (phi3): as it is (a shared KV
             # layer's q alone)
-            m["wqkv"] = stack_rows([m.pop(k) for k in ("wq", "wk", "wv") if k in m])
+            m["wqkv"] = stacked([m.pop(k) for k in ("wq", "wk", "wv") if k in m])
         for e in [None] if c.n_experts <= 1 else range(c.n_experts):
             at = "" if e is None else f".{e}"
             if f"w_gate_up{at}" not in m:
-                m[f"w_gate_up{at}"] = stack_rows([m.pop(f"w_gate{at}"), m.pop(f"w_up{at}")])
+                m[f"w_gate_up{at}"] = stacked([m.pop(f"w_gate{at}"), m.pop(f"w_up{at}")])
     # the per-layer table read by rows as the embedding is, its projection as the layers
     extra = [to(glob.pop(k), head_fmt if tied and k == "ple_embed" else fmt) for k in ple]
     bar.close()

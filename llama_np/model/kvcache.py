@@ -346,11 +346,6 @@ class KVCache:
         new.pos = self.pos
         return new
 
-    def state_nbytes(self, layer: int) -> int:
-        """Bytes a step reads of `layer`'s recurrent state, and writes (0 for attention)."""
-        state = self.states[layer]
-        return 0 if state is None else state.nbytes
-
     @property
     def nbytes(self) -> int:
         stores = [a.nbytes for s in self.k + self.v if s is not None for a in s.arrays()]

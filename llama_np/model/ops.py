@@ -458,12 +458,12 @@ class NumpyOps:
         return y * (half + half * np.tanh(gate * half))
 
     def decode_blocks(
-        self, c: Config, blocks: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,
+        self, c: Config, layers: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,
         chosen: np.ndarray,
     ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, where a
         backend has it (ops_compiled), a mixture of experts' choices written into chosen
-        (layers, k); False: the forward pass runs the blocks one operation at a time."""
+        (layers, k); False: the forward pass runs the layers one operation at a time."""
         return False
 
     def step_seconds(self) -> dict[str, float]:
@@ -472,9 +472,9 @@ class NumpyOps:
         raise NotImplementedError
 
     def decode_batch(
-        self, c: Config, blocks: list, x: np.ndarray, caches: list, rots: list, spans: list
+        self, c: Config, layers: list, x: np.ndarray, caches: list, rots: list, spans: list
     ) -> bool:
         """Every decoder block of a batch's decode step (one token of each of B sequences)
         in one call on x (B, dim), in place, where a backend has it (ops_compiled); False:
-        the blocks one operation at a time."""
+        the layers one operation at a time."""
         return False

@@ -78,8 +78,9 @@ def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
 
 
 def delta_net(c: Config, h: np.ndarray, state, m) -> np.ndarray:
-    """A gated delta net's mixing of T tokens of one sequence: h (T, in_dim) the input
-    projection's rows (q, k, v | z | b | a), `state` its State, `m` its DeltaMixer.
+    """A gated delta net's mixing of T tokens of one sequence: h (T, conv_dim + value_dim
+    + 2 v_heads) the input projection's rows (q, k, v | z | b | a), `state` its State, `m`
+    its DeltaMixer.
     -> (T, value_dim), what out_proj multiplies"""
     d, t = c.delta, h.shape[0]
     qkv, z = h[:, : d.conv_dim], h[:, d.conv_dim : d.conv_dim + d.value_dim]

@@ -108,45 +108,45 @@ class Seam:
         return self.ops.attention_batch(c, qkv, caches, layer, rots, spans, qk)
 
     def decode_blocks(
-        self, blocks: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,
+        self, layers: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,
         rots: list[Rotary], spans: list[Span],
     ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, if the
-        operations have it: then records `reads` (the blocks' weights, norms and biases by
+        operations have it: then records `reads` (the layers' weights, norms and biases by
         category, as the calls one by one record them) and each layer's KV span, and says
         True; False (nothing done) when they do not. rots, spans: per layer."""
         c = self.config
-        chosen = np.zeros((len(blocks), c.experts_per_token), np.int64)
-        done = self.ops.decode_blocks(c, blocks, x, cache, rots, spans, chosen)
+        chosen = np.zeros((len(layers), c.experts_per_token), np.int64)
+        done = self.ops.decode_blocks(c, layers, x, cache, rots, spans, chosen)
         if done:
-            self._blocks_read(reads, [spans], [cache])
-            for layer, sel in zip(blocks, chosen, strict=True) if c.n_experts > 1 else ():
+            self._layers_read(reads, [spans], [cache])
+            for layer, sel in zip(layers, chosen, strict=True) if c.n_experts > 1 else ():
                 if layer.experts is not None:
                     self._experts_read(layer.experts, sel)
         return done
 
     def decode_batch(
-        self, blocks: list, reads: dict[str, int], x: np.ndarray, caches: list[KVCache],
+        self, layers: list, reads: dict[str, int], x: np.ndarray, caches: list[KVCache],
         rots: list[list[Rotary]], spans: list[list[Span]],
     ) -> bool:  # fmt: skip
         """A batch's decode step through every decoder block in one call on x (B, dim), in
-        place, if the operations have it: then records `reads` (the blocks' weights, norms
+        place, if the operations have it: then records `reads` (the layers' weights, norms
         and biases, read once for all B) and each sequence's KV span in each layer, as
         the calls one by one record them, and says True; False (nothing done) when not.
         rots, spans: per sequence, per layer."""
-        done = self.ops.decode_batch(self.config, blocks, x, caches, rots, spans)
+        done = self.ops.decode_batch(self.config, layers, x, caches, rots, spans)
         if done:
-            self._blocks_read(reads, spans, caches)
+            self._layers_read(reads, spans, caches)
         return done
 
-    def _blocks_read(self, reads: dict[str, int], spans: list[list[Span]],
+    def _layers_read(self, reads: dict[str, int], spans: list[list[Span]],
                      caches: list[KVCache]) -> None:  # fmt: skip
-        """What the blocks run in one call read and wrote: `reads` once, and each
+        """What the layers run in one call read and wrote: `reads` once, and each
         sequence's KV bytes in every layer (spans: per sequence, per layer) and its
         recurrent states, read and written whole."""
         for category, n in reads.items():
             self.meter.read(category, n)
-        every = [span for layers in spans for span in layers]
+        every = [span for per_layer in spans for span in per_layer]
         self.meter.read(KV, sum(span.read_nbytes for span in every))
         self.meter.write(KV, sum(span.write_nbytes for span in every))
         states = sum(s.nbytes for cache in caches for s in cache.states if s is not None)
@@ -191,7 +191,7 @@ class Seam:
 class Profiled(Seam):
     """The same calls, each timed into the meter's category of the bytes it reads (a
     product's fused norm and activation count as the product's time). A decode step's
-    blocks in one call, of one sequence or of a few, are timed by its phases' own clocks:
+    layers in one call, of one sequence or of a few, are timed by its phases' own clocks:
     the profile is of the step that runs unprofiled."""
 
     def decode_blocks(self, *args) -> bool:

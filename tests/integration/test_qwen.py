@@ -4,6 +4,8 @@ of the same weights, on both kernel backends."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -13,7 +15,7 @@ import llama_np
 from llama_np.generation.chat import render_chat
 from llama_np.generation.generate import Stats
 from quant import FORMATS
-from tests.helpers import backends_and_prompts
+from tests.helpers import backends_and_prompts, hf_greedy_logits
 
 PROMPTS = ["def quicksort(arr):", "# Read a CSV file with pandas and print its columns\n"]
 N_GREEDY = 24
@@ -47,20 +49,29 @@ def test_config_and_formats_from_gguf(native):
     assert {l.wqkv.fmt for l in w.layers} == {"q5_0", "q5_0+q5_0+q8_0"}
 
 
+@functools.cache  # the same for both backends
+def gguf_tensors(path: str) -> dict[str, tuple]:
+    """A few real Q5_0, Q8_0, Q6_K and Q4_K tensors: name -> (format, shape, stored blocks,
+    gguf.quants' dequantization)."""
+    names = ("blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.attn_v.weight",
+             "blk.1.attn_v.weight", "blk.5.ffn_gate.weight")  # fmt: skip
+    out = {}
+    for t in GGUFReader(path).tensors:
+        if t.name in names:
+            shape = (int(t.shape[1]), int(t.shape[0]))
+            raw = np.asarray(t.data).reshape(shape[0], -1)
+            out[t.name] = (t.tensor_type.name.lower(), shape, raw, dequantize(raw, t.tensor_type))
+    return out
+
+
 def test_real_tensors_bit_exact_with_gguf(qwen_path, kernels):
     """Our reading of real Q5_0, Q8_0, Q6_K and Q4_K tensors equals gguf.quants'."""
     from quant.backends import get_backend
 
-    names = ("blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.attn_v.weight",
-             "blk.1.attn_v.weight", "blk.5.ffn_gate.weight")  # fmt: skip
-    tensors = {t.name: t for t in GGUFReader(qwen_path).tensors if t.name in names}
     seen = set()
-    for t in tensors.values():
-        fmt = t.tensor_type.name.lower()
-        shape = (int(t.shape[1]), int(t.shape[0]))
-        raw = np.asarray(t.data).reshape(shape[0], -1)
+    for name, (fmt, shape, raw, want) in gguf_tensors(str(qwen_path)).items():
         ours = get_backend(kernels).weight_class(fmt).from_blocks(shape, raw)
-        assert np.array_equal(ours.dequantize(), dequantize(raw, t.tensor_type)), t.name
+        assert np.array_equal(ours.dequantize(), want), name
         seen.add(fmt)
     assert seen == {"q5_0", "q8_0", "q6_k", "q4_k"}
     assert FORMATS["q6_k"].bits_per_weight == 6.5625 and FORMATS["q4_k"].bits_per_weight == 4.5
@@ -68,18 +79,12 @@ def test_real_tensors_bit_exact_with_gguf(qwen_path, kernels):
 
 def test_f32_run_matches_transformers(f32, hf_qwen, prompt):
     """Weights dequantized to f32: the greedy tokens transformers generates from the same
-    GGUF, logits within 1e-3 along the whole sequence."""
-    import torch
-
-    ref, _ = hf_qwen
+    GGUF, logits within 1e-3 along the whole sequence (transformers' run once a prompt)."""
     ids = f32.tokenize(prompt)
     stats = Stats()
     f32.generate(ids, n_predict=N_GREEDY, temp=0, stats=stats)
-    with torch.no_grad():
-        theirs = ref.generate(torch.tensor([ids]), max_new_tokens=N_GREEDY, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()  # fmt: skip
-        seq = ids + theirs
-        ref_logits = ref(torch.tensor([seq])).logits[0].numpy()
+    theirs, ref_logits = hf_greedy_logits(hf_qwen[0], tuple(ids), N_GREEDY)
+    seq = ids + theirs
     assert stats.generated == theirs
     assert np.abs(f32.logits(seq) - ref_logits).max() < 1e-3
 

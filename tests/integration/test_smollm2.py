@@ -12,7 +12,7 @@ import llama_np
 from llama_np.generation.chat import ChatSession, render_chat
 from llama_np.generation.generate import Stats
 from quant import FORMATS
-from tests.helpers import backends_and_prompts
+from tests.helpers import backends_and_prompts, hf_greedy_logits
 
 PROMPTS = [
     "Once upon a time, in a quiet village,",
@@ -74,18 +74,13 @@ def test_real_tensors_bit_exact_with_gguf(smollm2_path):
 
 def test_f32_run_matches_transformers(f32, hf_smollm2, prompt):
     """With weights dequantized to f32, 48 greedy tokens are those transformers generates
-    from the same GGUF, and logits agree within 1e-3 along the whole sequence."""
-    import torch
-
-    ref, _ = hf_smollm2
+    from the same GGUF, and logits agree within 1e-3 along the whole sequence (transformers'
+    run once a prompt)."""
     ids = f32.tokenize(prompt)
     stats = Stats()
     f32.generate(ids, n_predict=N_GREEDY, temp=0, stats=stats)
-    with torch.no_grad():
-        theirs = ref.generate(torch.tensor([ids]), max_new_tokens=N_GREEDY, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()  # fmt: skip
-        seq = ids + theirs
-        ref_logits = ref(torch.tensor([seq])).logits[0].numpy()
+    theirs, ref_logits = hf_greedy_logits(hf_smollm2[0], tuple(ids), N_GREEDY)
+    seq = ids + theirs
     assert stats.generated == theirs
     ours = f32.logits(seq)
     assert np.abs(ours - ref_logits).max() < 1e-3

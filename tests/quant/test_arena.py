@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quant import FORMATS, arena, stack_rows
+from quant import FORMATS, arena, stacked
 from quant.arena import ALIGN
 
 
@@ -29,7 +29,7 @@ def test_pack_moves_exactly_what_the_matrix_is_read_from(fmt):
 def test_stacks_and_shared_matrices_stay_what_they_were():
     rng = np.random.default_rng(1)
     a, b = FORMATS["q8_0"].random((4, 64), rng), FORMATS["q4_0"].random((6, 64), rng)
-    stack = stack_rows([a, b])
+    stack = stacked([a, b])
     packed, buf = arena.pack([stack, a])
     assert packed[0].parts[0] is packed[1]  # a matrix in two places is copied once
     assert buf.nbytes == sum(aligned(v.nbytes) for v in stack.arrays().values())

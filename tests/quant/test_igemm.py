@@ -195,19 +195,22 @@ PATH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # compiles the batch kernels anew for another CPU
+@pytest.mark.slow  # compiles the batch kernels for another CPU: ~40 s each, once a cache
 @pytest.mark.parametrize("path", ["vpmaddubsw", "generic"])
-def test_batches_on_other_instruction_paths(path, tmp_path):
+def test_batches_on_other_instruction_paths(path):
     """The few-vector and panel products compiled for an AVX2 CPU (q8_0's signed codes,
     vpmaddubsw) and for a generic x86-64 equal the reference exactly, as here; the float
-    formats' within float32 rounding."""
+    formats' within float32 rounding. Their machine code is kept in a cache of that CPU's
+    own beside the kernel cache (same key: the kernels' sources and numba's version), so
+    that only the first run after a change compiles it."""
+    from quant.compiled.jit import cache_folder
     from tests.quant.test_intdot import PATHS
 
     env, runnable = PATHS[path]
     if not runnable:
         pytest.fail(f"this machine cannot run the {path} path")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")} | env
-    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    env["NUMBA_CACHE_DIR"] = str(cache_folder() / "cpus" / path)
     run = subprocess.run([sys.executable, "-c", PATH_SCRIPT, path], env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
