@@ -547,13 +547,13 @@ def hybrid_lines(data: dict, where: str) -> list[str]:
     for name, d in data["peers"].items():
         preset, kind = name.split(" ")
         m = d["medians"]
-        ratios = ", ".join(f"{w} {m[f'llama-np {w}'] / m[f'llama.cpp {w}']:.2f}x"
-                           for w in ("pp", "tg", "B=16"))  # fmt: skip
+        ratios = "/".join(f"{m[f'llama-np {w}'] / m[f'llama.cpp {w}']:.2f}"
+                          for w in ("pp", "tg", "B=16"))  # fmt: skip
         by_model.setdefault(preset, []).append(f"{kind.upper()} {ratios}")
     d = next(iter(data["peers"].values()))
-    for preset, cells in by_model.items():
-        out.append(f"| {preset} files, random weights: tok/s llama-np / llama.cpp (pp{d['prompt']}, "
-                   f"tg{d['gen']}, B = 16) | {'; '.join(cells)} | {where} |")  # fmt: skip
+    cells = "; ".join(f"{preset} {', '.join(c)}" for preset, c in by_model.items())
+    out.append(f"| the 2026 families' files, random weights: tok/s llama-np / llama.cpp, "
+               f"pp{d['prompt']}/tg{d['gen']}/B = 16 | {cells} | {where} |")  # fmt: skip
     return out
 
 
