@@ -147,7 +147,6 @@ class Blocks:
         self.form = block_form(c)
         self.mixing, self._vectors = mixing_of(blocks, c)
         self.attends = int(np.argmin(self.mixing[0] != layers.ATTENTION))  # a layer that does
-        self.hybrid = bool(c.recurrent or c.attn_gate)
         self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
 
     @staticmethod
@@ -246,7 +245,8 @@ class CompiledOps(NumpyOps):
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
         # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, moe
-        self.last_step: tuple[np.ndarray, int, bool] | None = None
+        self.last_step: tuple[np.ndarray, int, bool, np.ndarray] | None = None  # (and the
+        # layers' mixer kinds)
         self._heads: np.ndarray | None = None  # a delta net's key head of each value head
 
     def forget(self) -> None:
@@ -256,8 +256,10 @@ class CompiledOps(NumpyOps):
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            # gemma4's layers of two shapes with per-layer inputs run call by call
-            one = Blocks.packable(blocks) and not c.layered
+            # gemma4's layers of two shapes with per-layer inputs run call by call, as would
+            # a model none of whose layers attends (the step takes one's KV stores' shapes)
+            attends = any(c.mixer(i) == "attention" for i in range(len(blocks)))
+            one = Blocks.packable(blocks) and not c.layered and attends
             self._blocks = (blocks, Blocks(blocks, c) if one else None)
         return self._blocks[1]
 
