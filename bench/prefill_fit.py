@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calibrate import spread  # noqa: F401  (|error|'s median, p80, p90: decode's too)
+
 MIN_ROWS = 4  # rows a group needs for an eta of its own
 R_GRID = (0.0, *(float(x) for x in np.geomspace(0.25, 64, 33)))  # attention's slowdown
 GPU_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu")
@@ -157,13 +159,3 @@ def leave_one_source_out(points: Sequence[PrefillPoint]) -> list[HeldPoint]:
             if p.source == source and (g := f.group_for(p)) is not None:
                 out.append(HeldPoint(p, f.expect(p), g.group))
     return out
-
-
-def spread(held: Sequence[HeldPoint]) -> dict[str, float]:
-    """Median, 80th and 90th percentile of |error| in tok/s, and the rows."""
-    errors = sorted(abs(h.error) for h in held)
-    if not errors:
-        return {"rows": 0, "median": float("nan"), "p80": float("nan"), "p90": float("nan")}
-    return {"rows": len(errors), "median": statistics.median(errors),
-            "p80": float(np.percentile(errors, 80)),
-            "p90": float(np.percentile(errors, 90))}  # fmt: skip
