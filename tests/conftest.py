@@ -1,14 +1,46 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import SP_CORPUS, build_hf_model
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On several workers (scripts/test.sh: two), each worker's threads take its share of
+    the cores: BLAS's, torch's and the compiled kernels' (whose teams spin at their
+    barriers), and those of the processes it starts. Two workers of two threads each on
+    two cores left a spinning thread waiting for one the other worker's had displaced.
+    A test that sets its threads (numba.set_num_threads) still gets what it asks for."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and not os.environ.get("LLAMA_NP_TEST_ALL_THREADS"):
+        from tests.helpers import share_cores
+
+        share_cores(workers)
+
+
+# The files that cost the most (one worker's seconds, `pytest --durations`), dearest first:
+# the workers take them first (scripts/test.sh: --no-loadscope-reorder, which would order
+# files by their number of tests), so that no dear file starts last, alone on one worker.
+DEAREST = ["integration/test_qwen.py", "llama_np/model/test_compile_order.py",
+           "quant/test_compiled.py", "integration/test_smollm2.py",
+           "integration/test_robustness.py", "integration/test_serve.py",
+           "llama_np/model/test_decode_blocks.py", "integration/test_fuzz.py",
+           "integration/test_reference.py", "integration/test_first_run.py",
+           "integration/test_differential.py", "integration/test_families_gguf.py",
+           "quant/test_intdot.py", "integration/test_meter_sol.py"]  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/integration is slow (real models, references, fuzzing,
-    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests."""
+    subprocesses): `-m "not slow"` leaves the quick loop over the packages' own tests.
+    The dearest files first (DEAREST), the others in their order."""
     for item in items:
         if "integration" in item.path.parts:
             item.add_marker(pytest.mark.slow)
+    here = Path(__file__).parent
+    rank = {here / f: k for k, f in enumerate(DEAREST)}
+    items.sort(key=lambda item: rank.get(item.path, len(DEAREST)))
 
 
 @pytest.fixture(scope="session")

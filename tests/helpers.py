@@ -510,3 +510,26 @@ class CompilerCheck:
         """Called once the check has passed."""
         self.mark.parent.mkdir(parents=True, exist_ok=True)
         Path(f"{self.mark}{part}").write_text("passed\n")
+
+
+def share_cores(workers: int) -> None:
+    """This process's threads limited to its share of the usable cores among `workers`
+    processes (tests/conftest.py's pytest_configure): BLAS's, torch's once imported (and
+    a started process's BLAS), numba's. numba's own NUMBA_NUM_THREADS is left as it is:
+    the tests that ask for more threads than the share get them, and numba refuses a
+    changed one once its threads run."""
+    import os
+
+    from threadpoolctl import threadpool_limits
+
+    from quant.host import usable_cores
+
+    n = max(1, usable_cores() // workers)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = str(n)
+    threadpool_limits(n)  # this process's BLAS (already loaded with NumPy)
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
