@@ -60,6 +60,23 @@ class Device:
             return max(listed, key=lambda kv: kv[1])
         return "fp32", self.flops.get("fp32")
 
+    def float_peak(self) -> float | None:
+        """The half-precision peak where the device lists one, else FP32: the rate of the
+        products engines run in floating point (attention's; a GPU's dequantized weights)."""
+        return self.flops.get("fp16") or self.flops.get("fp32")
+
+    def engine_peak(self, weights: str) -> float | None:
+        """The rate the expected speed puts the products of `weights` at (the bound keeps
+        matrix_peak's): on a GPU at most the float peak, since llama.cpp dequantizes
+        quantized weights to half precision for the tensor units (Metal's simdgroup
+        matrices, Vulkan's shaders) and its int8 kernels spend their time unpacking the
+        codes: quantized and float weights reach a like share of the half rate. On a CPU
+        matrix_peak's: the int8 dot products do run on the quantized codes."""
+        peak = self.matrix_peak(weights)[1]
+        if self.kind in GPU_KINDS and peak and self.float_peak():
+            return min(peak, self.float_peak())
+        return peak
+
 
 GPU_KINDS = ("gpu", "soc")  # devices whose matrix products run on a GPU
 FLOAT_FORMATS = ("f32", "fp32", "f16", "fp16", "bf16")

@@ -3,19 +3,24 @@ generalizes across sources, checked on sources it was not fitted on.
 
 A prompt token's bound splits in three times (ms, from shapes and the device's peaks):
 `memory` (bytes / bandwidth), `products` (the matrix products' FLOPs / the matrix peak) and
-`attention` (attention's FLOPs / the same peak). The expectation is
+`attention` (attention's FLOPs / the same peak). The expectation puts the FLOPs at the rates
+engines run them instead, `compute` (Device.engine_peak: a GPU's half-precision rate for
+quantized weights too, whose int8 peak stays the bound's; attention at the float peak), and
+adds the traffic of attention's score matrix, `scores` (its f32 entries written and read
+back / bandwidth: engines without flash attention materialize it, heads x prompt entries a
+token, which on a GPU is a visible share of a long prompt's time):
 
-    expected = max(memory, products) / eta + r x attention / eta
+    expected = (max(memory, compute) + r x scores) / eta
 
-eta, the share of the roof an engine reaches on the products, is fitted per group of rows:
-(hardware class, engine, weights float or quantized), else (class, weights), else the class,
-else (GPU or CPU, weights), else GPU or CPU, else all rows: the narrowest with MIN_ROWS rows.
-r, how many times slower than the products attention runs per FLOP (engines without flash
-attention write and read the whole score matrix; a long prompt is slowed by that, not by
-its FLOPs), is one number shared by every group, fitted jointly with the etas. Both are fitted
-in log space and robustly: for each r on a grid, each group's log eta is the median of
-log(predicted_r / measured), and the r whose total absolute log error is least wins. So a
-factor of 2 too fast weighs as much as 2 too slow, and a few odd rows do not move the fit.
+eta, the share of those rates an engine reaches, is fitted per group of rows: (hardware
+class, engine, weights float or quantized), else (class, engine), else the class, else GPU
+or CPU, else all rows: the narrowest with MIN_ROWS rows. r, how many times the score matrix
+crosses memory, is one number shared by every group, fitted jointly with the etas on the
+GPU rows (a CPU's compute dwarfs the traffic: its rows would fit r to whatever else grows
+with heads x prompt). Both are fitted in log space and robustly: for each r on a grid,
+each group's log eta is the median of log(predicted_r / measured), and the r whose total
+absolute log error is least wins. So a factor of 2 too fast weighs as much as 2 too slow,
+and a few odd rows do not move the fit.
 
 Held out by source: each source's rows are predicted by the fit of the other sources' rows
 (leave one source out), what a new source's figure would see.
@@ -33,13 +38,14 @@ import numpy as np
 from .calibrate import spread  # noqa: F401  (|error|'s median, p80, p90: decode's too)
 
 MIN_ROWS = 4  # rows a group needs for an eta of its own
-R_GRID = (0.0, *(float(x) for x in np.geomspace(0.25, 64, 33)))  # attention's slowdown
+R_GRID = (0.0, *(float(x) for x in np.geomspace(0.25, 64, 33)))  # the score matrix's passes
 GPU_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu")
 
 
 @dataclass(frozen=True)
 class PrefillPoint:
-    """One prompt row: its bound's three times per token (ms) and the measured ms."""
+    """One prompt row: its bound's three times per token (ms), the expectation's two, and
+    the measured ms."""
 
     memory_ms: float  # bytes / bandwidth
     products_ms: float  # the products' FLOPs / the matrix peak
@@ -49,6 +55,8 @@ class PrefillPoint:
     engine: str
     quantized: bool  # the weights' format: quantized (else float)
     source: str
+    compute_ms: float  # the products' and attention's FLOPs at the rates engines run them
+    scores_ms: float  # the score matrix's f32 entries / bandwidth
 
     @property
     def bound_ms(self) -> float:
@@ -64,8 +72,8 @@ class PrefillPoint:
         return "quantized" if self.quantized else "float"
 
     def slow(self, r: float) -> float:
-        """The time at eta = 1: max(memory, products) + r x attention."""
-        return max(self.memory_ms, self.products_ms) + r * self.attention_ms
+        """The time at eta = 1: max(memory, compute) + r x scores."""
+        return max(self.memory_ms, self.compute_ms) + r * self.scores_ms
 
 
 def groups(p: PrefillPoint) -> list[tuple[str, Callable[[PrefillPoint], bool]]]:
@@ -73,10 +81,9 @@ def groups(p: PrefillPoint) -> list[tuple[str, Callable[[PrefillPoint], bool]]]:
     return [
         (f"{p.hw_class} / {p.engine} / {p.weights}",
          lambda q: (q.hw_class, q.engine, q.quantized) == (p.hw_class, p.engine, p.quantized)),
-        (f"{p.hw_class} / {p.weights}",
-         lambda q: (q.hw_class, q.quantized) == (p.hw_class, p.quantized)),
+        (f"{p.hw_class} / {p.engine}",
+         lambda q: (q.hw_class, q.engine) == (p.hw_class, p.engine)),
         (p.hw_class, lambda q: q.hw_class == p.hw_class),
-        (f"{p.kind} / {p.weights}", lambda q: (q.kind, q.quantized) == (p.kind, p.quantized)),
         (p.kind, lambda q: q.kind == p.kind),
         ("all", lambda q: True),
     ]  # fmt: skip
@@ -126,12 +133,12 @@ def _etas(points: Sequence[PrefillPoint], r: float) -> dict[str, GroupFit]:
 
 
 def fit(points: Sequence[PrefillPoint]) -> PrefillFit:
-    """r on the grid and the groups' etas, minimizing the rows' total |log error| (each row
-    predicted by its narrowest group)."""
+    """r on the grid and the groups' etas, minimizing the GPU rows' total |log error| (each
+    row predicted by its narrowest group; r = 0 without GPU rows)."""
     best: tuple[float, PrefillFit] | None = None
     for r in R_GRID:
         f = PrefillFit(r, _etas(points, r), tuple(points))
-        loss = sum(abs(math.log(f.expect(p) / p.measured_ms)) for p in points)
+        loss = sum(abs(math.log(f.expect(p) / p.measured_ms)) for p in points if p.kind == "gpu")
         if best is None or loss < best[0] - 1e-12:
             best = (loss, f)
     assert best is not None

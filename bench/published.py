@@ -29,13 +29,14 @@ from llama_arch import Config, ConfigError, layer_matrices, layer_roles
 from llama_arch.presets import PRESETS
 
 from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spread
+from .devices import Device, load_devices
 from .meter import KV
 from .prefill_fit import MIN_ROWS as PREFILL_MIN_ROWS
 from .prefill_fit import GroupFit, HeldPoint, PrefillFit, PrefillPoint
 from .prefill_fit import fit as fit_prefill
 from .prefill_fit import leave_one_source_out as prefill_loso
 from .prefill_fit import spread as prefill_spread
-from .sol import Estimate, estimate, prefill
+from .sol import Estimate, Prefill, estimate, prefill
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
 BANDWIDTH_WHAT = ("source", "spec", "measured")
@@ -393,7 +394,8 @@ def held_out_lines(pts: Sequence[Point]) -> list[str]:
 @dataclass(frozen=True)
 class HeldPrefill:
     """A prompt row and its bound: max(bytes / the row's bandwidth, FLOPs / its device's
-    matrix peak for the format), per token, with the bound's three times."""
+    matrix peak for the format), per token, with the bound's three times and the
+    expectation's two (bench/prefill_fit.py)."""
 
     m: Measurement
     bytes: int  # the whole prompt's
@@ -404,6 +406,8 @@ class HeldPrefill:
     memory_ms: float = 0.0  # per prompt token: bytes / bandwidth
     products_ms: float = 0.0  # the matrix products' FLOPs / the peak
     attention_ms: float = 0.0  # attention's FLOPs / the peak
+    compute_ms: float = 0.0  # the same FLOPs at the rates engines run them (engine_peak)
+    scores_ms: float = 0.0  # the score matrix's f32 entries / the bandwidth
 
     @property
     def prompt_tokens(self) -> int:
@@ -417,7 +421,8 @@ class HeldPrefill:
     def point(self) -> PrefillPoint:
         m = self.m
         return PrefillPoint(self.memory_ms, self.products_ms, self.attention_ms, m.ms,
-                            m.hw_class, m.engine, quantized(m.weights), m.source)  # fmt: skip
+                            m.hw_class, m.engine, quantized(m.weights), m.source,
+                            self.compute_ms, self.scores_ms)  # fmt: skip
 
 
 def quantized(weights: str) -> bool:
@@ -428,8 +433,6 @@ def quantized(weights: str) -> bool:
 def predict_prefill(m: Measurement) -> HeldPrefill:
     """A prompt row's bound: the prompt of its model, as its engine stores it, from an empty
     cache, against the row's bandwidth and its device's peak for the format."""
-    from .devices import load_devices
-
     config = models().get(m.model)
     if config is None:
         raise PublishedError(f"unknown model {m.model!r} (a preset, or a row of models.csv)")
@@ -442,8 +445,20 @@ def predict_prefill(m: Measurement) -> HeldPrefill:
     kind, peak = device.matrix_peak(m.weights)
     pred = p.predict(m.bandwidth_gbs * 1e9, peak)
     attention = 1e3 * p.attention_flops / peak / n
+    compute, scores = expectation_times(p, device, m.weights, m.bandwidth_gbs * 1e9)
     return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound, pred.memory_ms / n,
-                       pred.compute_ms / n - attention, attention)  # fmt: skip
+                       pred.compute_ms / n - attention, attention, compute, scores)  # fmt: skip
+
+
+def expectation_times(p: Prefill, device: Device, weights: str,
+                      bandwidth: float) -> tuple[float, float]:  # fmt: skip
+    """A prompt's two times per token (ms) the expectation adds to the bound's memory time:
+    its products at the rate engines run them for `weights` (Device.engine_peak) with
+    attention's at the float peak, and its score matrix's f32 entries crossing `bandwidth`
+    once."""
+    products = p.flops - p.attention_flops
+    compute = products / device.engine_peak(weights) + p.attention_flops / device.float_peak()
+    return 1e3 * compute / p.n, 1e3 * 4 * p.scores / bandwidth / p.n
 
 
 @cache
@@ -531,10 +546,11 @@ def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
     f = fit_prefill(pts)
     loso = prefill_loso(pts)
     lines = ["", "Calibrated (bench/prefill_fit.py): expected ms per token = (max(memory, "
-             "products) + r x attention) / eta, the three times of the bound at the device's "
-             f"peaks; r = {f.r:.2f} for all rows, eta per group (narrowest with "
-             f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / weights, "
-             "class, GPU or CPU / weights, GPU or CPU, all), medians in log space:", "",
+             "compute) + r x scores) / eta: memory the bound's, compute the FLOPs at the rates "
+             "engines run them (a GPU's half-precision rate, quantized weights too), scores "
+             f"the f32 score matrix / bandwidth; r = {f.r:.2f} for all rows, eta per group "
+             f"(narrowest with {PREFILL_MIN_ROWS} rows: class / engine / float or quantized, "
+             "class / engine, class, GPU or CPU, all), medians in log space:", "",
              "| group | eta | rows | sources |", "|---|---:|---:|---:|"]  # fmt: skip
     for g in sorted(f.etas.values(), key=lambda g: (-g.rows, g.group)):
         lines.append(f"| {g.group} | {g.eta:.3f} | {g.rows} | {g.sources} |")

@@ -413,6 +413,7 @@ class Prefill:
     engine: bool = True
     kernels: str = "numpy"
     attention_flops: int = 0  # of `flops`: attention's scores and weighted sums
+    scores: int = 0  # attention's score-matrix entries: query heads x keys attended, summed
 
     @property
     def bytes(self) -> int:
@@ -457,21 +458,25 @@ def prefill(
     attention layer's keys and values touched (those in the cache that a window still
     reaches, and the n new ones), each recurrent state. FLOPs: 2 per weight a token
     multiplies, times n; attention's 4 n_heads head_dim per key attended (keys_attended);
-    the LM head for the last token alone, as llama-bench and servers ask logits."""
+    the LM head for the last token alone, as llama-bench and servers ask logits. `scores`:
+    the score matrix's entries, n_heads per key attended (what an engine without flash
+    attention writes out and reads back)."""
     if n < 1:
         raise ConfigError(f"a prompt has at least one token (got {n})")
     s = config
     e = estimate(s, weights, kv, pos, window, head, engine, embed, kernels, batch=n)
     store = kv_store_class(kv)
     tiled = engine and get_backend(kernels).tiled_keys
-    reads, kv_read, kv_write, attention = dict(e.reads), 0, 0, 0
+    reads, kv_read, kv_write, attention, scores = dict(e.reads), 0, 0, 0, 0
     for i in s.attention_layers:
         w, hd = s.layer_window(i, window), s.layer_head_dim(i)
         slot = store.slot_nbytes(s.n_kv_heads, hd)
         touched = pos + n if w is None else min(pos + n, n + w - 1)
         kv_read += store.read_nbytes(touched, s.n_kv_heads, hd, tiled) + touched * slot
         kv_write += 2 * n * slot if s.kv_source(i) == i else 0
-        attention += 4 * s.n_heads * hd * keys_attended(pos, n, w)
+        keys = keys_attended(pos, n, w)
+        attention += 4 * s.n_heads * hd * keys
+        scores += s.n_heads * keys
     reads[KV] = kv_read
     reads[STATE] = sum(4 * state_floats(s, i) for i in range(s.n_layers))
     _, _, matmul = _parameters(s)  # the layers' products and the LM head's
@@ -479,7 +484,7 @@ def prefill(
     flops = 2 * n * (matmul - head_weights) + 2 * head_weights + attention
     flops += n * recurrent_flops(s)
     return Prefill(s, e.weights, e.head, kv, pos, n, reads, kv_write, reads[STATE], flops,
-                   engine, kernels, attention)  # fmt: skip
+                   engine, kernels, attention, scores)  # fmt: skip
 
 
 def prefill_json(p: Prefill, pred: PrefillPrediction | None) -> dict[str, Any]:

@@ -162,14 +162,16 @@ def expected_prefill_for(device: Device, args: argparse.Namespace, pred: Prefill
     --engine and the weights (float or quantized), beside the bound; None for this machine
     or a class without rows."""
     from bench.prefill_fit import PrefillPoint
-    from bench.published import expected_prefill, quantized
+    from bench.published import expectation_times, expected_prefill, quantized
 
     if device.name == "local" or not device.hw_class or not pred.peak_flops:
         return None
     attention = 1e3 * p.attention_flops / pred.peak_flops / p.n
     products = pred.compute_ms / p.n - attention
+    compute, scores = expectation_times(p, device, p.weights, device.bandwidth)
     like = PrefillPoint(pred.memory_ms / p.n, products, attention, float("nan"),
-                        device.hw_class, args.engine, quantized(p.weights), "")  # fmt: skip
+                        device.hw_class, args.engine, quantized(p.weights), "", compute,
+                        scores)  # fmt: skip
     return expected_prefill(like)
 
 
