@@ -3,7 +3,8 @@
 same blocks called one operation at a time: the same kernels in the same order, so the
 same logits (see `same_logits`), and the same bytes in the meter. Shapes that are not
 powers of two, rows not a multiple of the 4-row groups, stacks of several formats, every
-KV format, a sliding window that wraps, qwen2's biases, x in float32 and in int8. (The
+KV format, a sliding window that wraps, qwen2's biases, the hybrids' mixers, gemma4's
+layers of two shapes (shared KV, per-layer inputs), x in float32 and in int8. (The
 blocks one by one are themselves held to the NumPy reference and transformers by
 tests/integration/test_differential.py.)"""
 
