@@ -232,7 +232,8 @@ class Config:
     @property
     def layered(self) -> bool:
         """Layers differ in shape or take more than the residual stream (gemma4's two head
-        sizes, shared KV, per-layer embeddings): the one-call decode steps decline them."""
+        sizes, shared KV, per-layer embeddings): a batch's one-call decode step declines
+        them."""
         return bool(
             self.global_head_dim
             or self.kv_shared

@@ -459,11 +459,12 @@ class NumpyOps:
 
     def decode_blocks(
         self, c: Config, layers: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,
-        chosen: np.ndarray,
+        chosen: np.ndarray, ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, where a
         backend has it (ops_compiled), a mixture of experts' choices written into chosen
-        (layers, k); False: the forward pass runs the layers one operation at a time."""
+        (layers, k), gemma4's per-layer inputs ple (1, layers, ple_dim) taken in; False:
+        the forward pass runs the layers one operation at a time."""
         return False
 
     def step_seconds(self) -> dict[str, float]:

@@ -31,7 +31,8 @@ PHASE_CATEGORY = {"qkv": ATTN, "attention": KV, "o": ATTN,
                   "o residual": NORMS, "gate_up": MLP, "down": MLP,
                   "down residual": NORMS, "router": MLP,
                   "experts gate_up": MLP, "experts down": MLP,
-                  "experts add": NORMS}  # fmt: skip
+                  "experts add": NORMS, "ple gate": MLP, "ple proj": MLP,
+                  "ple add": NORMS}  # fmt: skip
 # tokens at most whose experts run as (token, expert) pairs (quant.compiled.experts); more
 # (a prompt): one batch product per chosen expert, its tokens' rows (igemm's panels)
 PAIRED = 64
@@ -110,14 +111,15 @@ class Blocks:
         mixture of experts' layer: its router's row, then each expert's gate_up and down
         rows (`routers`: the router's row and the rows from one expert to the next; plan:
         expert 0's)."""
-        operands, self.plan = [], np.zeros((len(blocks), 4, 2), np.int64)
+        operands, self.plan = [], np.zeros((len(blocks), 6, 2), np.int64)
         self.routers = np.zeros((len(blocks), 2), np.int64)
         for i, b in enumerate(blocks):
-            mlp = (b.w_gate_up, b.w_down) if b.experts is None else ()
+            mlp = (b.w_gate_up, b.w_down) if b.experts is None else (None, None)
             first = b.wqkv if b.mixer is None else b.mixer.w_in
-            for j, w in enumerate((first, b.wo, *mlp)):
-                self.plan[i, j] = len(operands), len(operands) + len(w.leaves())
-                operands += [p.operands() for p in w.leaves()]
+            for j, w in enumerate((first, b.wo, *mlp, b.ple_gate, b.ple_proj)):
+                if w is not None:  # (plan rows of none: 0:0, empty)
+                    self.plan[i, j] = len(operands), len(operands) + len(w.leaves())
+                    operands += [p.operands() for p in w.leaves()]
             if b.experts is not None:
                 self.routers[i] = len(operands), stride_of(b.experts)
                 operands.append(b.experts.router.operands())
@@ -131,21 +133,26 @@ class Blocks:
         self.experts = layers.moe_spec(c.n_experts, c.experts_per_token, c.norm_topk)
         self.table = layers.table(operands)
         unused = np.zeros(c.dim, np.float32)  # a norm the family has not: never read
-        norms = [(b.attn_norm, b.mlp_norm, b.attn_post_norm, b.mlp_post_norm) for b in blocks]
+        norms = [(b.attn_norm, b.mlp_norm, b.attn_post_norm, b.mlp_post_norm, b.ple_norm)
+                 for b in blocks]  # fmt: skip
         self.norms = np.array([[unused if v is None else v for v in n] for n in norms],
-                              np.float32)  # (L, 4, dim)  # fmt: skip
+                              np.float32)  # (L, 5, dim)  # fmt: skip
         self.quantized = bool((self.table.rows[:, layers.KIND] >= kinds.Q8_0).any())
         bias = [b.qkv_bias for b in blocks]
         self.biases = (np.zeros((len(blocks), 0), np.float32) if bias[0] is None
                        else np.stack(bias).astype(np.float32))  # fmt: skip
-        shaped = [b for b in blocks if b.q_norm is not None]  # (a recurrent layer's: unread)
-        unread = NO_VECTOR if not shaped else np.zeros_like(shaped[0].q_norm)
-        qk = [(unread, unread) if b.q_norm is None else (b.q_norm, b.k_norm) for b in blocks]
-        q_norms, k_norms = np.stack([q for q, _ in qk]), np.stack([k for _, k in qk])
-        self.spec = attention.spec_of(q_norms, k_norms, c.norm_eps, scores_scale(c),
+        scales = np.array([scores_scale(c.at(i)) for i in range(len(blocks))], np.float32)
+        self.spec = attention.spec_of(rows_of([b.q_norm for b in blocks]),
+                                      rows_of([b.k_norm for b in blocks]), c.norm_eps, scales,
                                       c.attn_softcap or 0.0)  # fmt: skip
         self.form = block_form(c)
         self.mixing, self._vectors = mixing_of(blocks, c)
+        scalars = [b.layer_scalar for b in blocks if b.layer_scalar is not None]
+        self.scalars = np.concatenate(scalars).astype(np.float32) if scalars else NO_VECTOR
+        self.ple_dim = c.ple_dim
+        self.phase_names = (layers.MOE_PHASE_NAMES if self.experts[0] else
+                            layers.LAYERED_PHASE_NAMES if c.ple_dim or scalars else
+                            layers.PHASE_NAMES)  # fmt: skip
         self.attends = int(np.argmin(self.mixing[0] != layers.ATTENTION))  # a layer that does
         self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
 
@@ -177,6 +184,40 @@ class Blocks:
             self._kv[cache] = at
         return at
 
+    def per_layer(self, ple: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """decode_blocks' `per_layer` for a token's per-layer inputs ple (1, layers, ple_dim)
+        (None: a model without): each layer's room for its gate's product, then its input;
+        and the layers' scalars."""
+        if ple is None:
+            return np.zeros((len(self.plan), 0), np.float32), self.scalars
+        inputs = np.empty((len(self.plan), 2 * self.ple_dim), np.float32)
+        inputs[:, self.ple_dim :] = ple[0]
+        return inputs, self.scalars
+
+
+def rows_of(vectors: list) -> np.ndarray:
+    """Vectors of any widths as the rows of one (L, widest) float32 array, zeros past each
+    (None: a row of zeros): a layer's norms, read as wide as its own (layers.layer_spec)."""
+    out = np.zeros((len(vectors), max((len(v) for v in vectors if v is not None), default=0)),
+                   np.float32)  # fmt: skip
+    for i, v in enumerate(vectors):
+        if v is not None:
+            out[i, : len(v)] = v
+    return out
+
+
+def shapes_of(blocks: Sequence, c: Config) -> np.ndarray:
+    """mixing's shapes (layers.HEAD_DIM...K_NORMS): each layer's attention shape, as its
+    Config.at(i) and norms give it (a recurrent layer's: unread)."""
+    out = np.zeros((len(blocks), 6), np.int64)
+    for i, b in enumerate(blocks):
+        at = c.at(i)
+        out[i, [layers.HEAD_DIM, layers.HALF, layers.Q_DIM]] = at.head_dim, at.rotary // 2, at.q_dim
+        out[i, layers.V_NORM] = c.v_norm and c.kv_source(i) == i
+        out[i, layers.Q_NORMS] = 0 if b.q_norm is None else len(b.q_norm)
+        out[i, layers.K_NORMS] = 0 if b.k_norm is None else len(b.k_norm)
+    return out
+
 
 MIXER_KINDS = {"attention": layers.ATTENTION, "delta": layers.DELTA, "conv": layers.CONV}
 
@@ -200,7 +241,7 @@ def mixing_of(blocks: Sequence, c: Config) -> tuple[tuple, list[np.ndarray]]:
     dims[layers.CONV_KERNEL :] = c.conv_kernel, c.attn_gate
     heads = np.array([d.key_head(j) for j in range(d.v_heads)] if d else [0], np.int64)
     scale = np.float32(1 / np.sqrt(d.k_dim)) if d else np.float32(1)
-    return (kinds, at, dims, heads, scale), keep
+    return (kinds, at, dims, heads, scale, shapes_of(blocks, c)), keep
 
 
 def stride_of(experts) -> int | None:
@@ -213,17 +254,18 @@ def stride_of(experts) -> int | None:
 
 
 def layer_angles(rots: list) -> tuple[np.ndarray, np.ndarray]:
-    """Each layer's RoPE cos and sin at one position, (L, rotary / 2) each, from its
-    per-layer Rotary: the distinct ones (one per kind of layer) stacked once, then taken
-    layer by layer (np.stack over every layer cost ~25 us a token)."""
+    """Each layer's RoPE cos and sin at one position, (L, widest rotary / 2) each, from its
+    per-layer Rotary (zeros past a narrower layer's: gemma4's two head sizes): the
+    distinct ones (one per kind of layer) stacked once, then taken layer by layer
+    (np.stack over every layer cost ~25 us a token)."""
     distinct = list(dict.fromkeys(rots))  # a Rotary hashes by identity
     if len(distinct) == 1:
         return (np.repeat(distinct[0].cos[:1], len(rots), axis=0),
                 np.repeat(distinct[0].sin[:1], len(rots), axis=0))  # fmt: skip
     at = {r: k for k, r in enumerate(distinct)}
     which = [at[r] for r in rots]
-    cos = np.concatenate([r.cos[:1] for r in distinct])
-    sin = np.concatenate([r.sin[:1] for r in distinct])
+    cos = rows_of([r.cos[0] for r in distinct])
+    sin = rows_of([r.sin[0] for r in distinct])
     return cos[which], sin[which]
 
 
@@ -244,9 +286,9 @@ class CompiledOps(NumpyOps):
         self._blocks: tuple[Sequence, Blocks | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
-        # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, moe
-        self.last_step: tuple[np.ndarray, int, bool, np.ndarray] | None = None  # (and the
-        # layers' mixer kinds)
+        # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, the
+        # names of a layer's phases, the layers' mixer kinds
+        self.last_step: tuple[np.ndarray, int, tuple, np.ndarray] | None = None
         self._heads: np.ndarray | None = None  # a delta net's key head of each value head
 
     def forget(self) -> None:
@@ -256,44 +298,47 @@ class CompiledOps(NumpyOps):
         """`blocks` packed for decode_blocks (once per model), or None when a product is
         in a format without a compiled kernel."""
         if self._blocks is None or self._blocks[0] is not blocks:
-            # gemma4's layers of two shapes with per-layer inputs run call by call, as would
-            # a model none of whose layers attends (the step takes one's KV stores' shapes)
+            # a model none of whose layers attends runs call by call (the step takes one's
+            # KV stores' format), as would gemma4's layers with experts
             attends = any(c.mixer(i) == "attention" for i in range(len(blocks)))
-            one = Blocks.packable(blocks) and not c.layered and attends
+            moe = c.layered and c.n_experts > 1
+            one = Blocks.packable(blocks) and attends and not moe
             self._blocks = (blocks, Blocks(blocks, c) if one else None)
         return self._blocks[1]
 
     def decode_blocks(
         self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rots: list,
-        spans: list, chosen: np.ndarray,
+        spans: list, chosen: np.ndarray, ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
         """One token through every decoder block in one compiled call, x (1, dim) in place,
         a mixture of experts' choices into chosen (layers, k); False (nothing done) when
-        the blocks cannot be packed. rots, spans: per layer."""
+        the blocks cannot be packed. rots, spans: per layer; ple (1, layers, ple_dim):
+        gemma4's per-layer inputs."""
         packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or x.shape[0] != 1:
             return False
         keys, values = cache.arrays(packed.attends)
         t = packed.table
         cos, sin = layer_angles(rots)
-        slots = np.array([s.slot for s in spans], np.int64)
+        slots = np.array([-1 if cache.shares(i) else s.slot for i, s in enumerate(spans)],
+                         np.int64)  # (a shared KV layer appends nothing)  # fmt: skip
         n_keys = np.array([s.n_keys for s in spans], np.int64)
         threads = self.team or numba.get_num_threads()
         sync = layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms,
                                     packed.biases, np.float32(c.norm_eps), packed.form, cos,
                                     sin, packed.spec, keys, values, packed.kv_addresses(cache),
                                     slots, n_keys, self.ints, threads, packed.experts,
-                                    packed.routers, chosen, packed.mixing)  # fmt: skip
-        self.last_step = (sync, threads, bool(packed.experts[0]), packed.mixing[0])
+                                    packed.routers, chosen, packed.mixing,
+                                    packed.per_layer(ple))  # fmt: skip
+        self.last_step = (sync, threads, packed.phase_names, packed.mixing[0])
         return True
 
     def step_seconds(self) -> dict[str, float]:
         """The last one-call decode step's time by its phases' own timers (team.py): the
         threads' work per phase, summed by the meter's category of what the phase reads
         (the residual adds under NORMS), and their waits at the phases' barriers."""
-        sync, threads, moe, kinds = self.last_step
+        sync, threads, names, kinds = self.last_step
         work, waits = team.phase_seconds(sync, threads)
-        names = layers.MOE_PHASE_NAMES if moe else layers.PHASE_NAMES
         out = dict.fromkeys([*PHASE_CATEGORY.values(), STATE], 0.0)
         for k, w in enumerate(work):
             name, layer = names[k % len(names)], k // len(names)
@@ -308,11 +353,13 @@ class CompiledOps(NumpyOps):
         """One token of each of B <= FEW sequences through every decoder block in one
         compiled call (fewblocks.decode_few), x (B, dim) in place; False (nothing done)
         when the blocks cannot be packed, B is 1 or more than FEW, the caches' layouts or
-        windows differ (or take more than two windows), or a quantized product would
-        multiply x in float32 (the calls one by one run those). rots, spans: per
-        sequence, per layer."""
+        windows differ (or take more than two windows), a quantized product would
+        multiply x in float32, or the layers differ in shape (gemma4: Config.layered)
+        (the calls one by one run those). rots, spans: per sequence, per layer."""
         packed = self.packed(c, blocks) if self.one_call else None
         if packed is None or not 1 < x.shape[0] <= FEW or (packed.quantized and not self.ints):
+            return False
+        if c.layered:  # (decode_few takes one head_dim per span, a slot per span)
             return False
         if packed.experts[0]:  # a batch groups its tokens by expert: the calls one by one
             return False
@@ -343,7 +390,7 @@ class CompiledOps(NumpyOps):
                                     *caches[0].arrays(packed.attends),
                                     np.stack([at for _, at in layouts], axis=1), kind, slots,
                                     ns, self.ints, threads, packed.mixing)  # fmt: skip
-        self.last_step = (sync, threads, False, packed.mixing[0])
+        self.last_step = (sync, threads, layers.PHASE_NAMES, packed.mixing[0])
         return True
 
     @property
@@ -430,6 +477,12 @@ class CompiledOps(NumpyOps):
                                 mixer.norm, c.norm_eps, self.key_heads(c), d.k_heads, d.k_dim,
                                 y)  # fmt: skip
         return out
+
+    def norm_values(self, c: Config, qkv: np.ndarray, eps: float) -> np.ndarray:
+        """gemma4's v normed per head, compiled (layers.value_norms, the one-call step's)."""
+        qkv = np.array(qkv, np.float32)  # ours to change (C-contiguous)
+        layers.norm_values(qkv, c.n_kv_heads, c.head_dim, np.float32(eps))
+        return qkv
 
     def sigmoid_gate(self, y: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """qwen3_5's gated attention, compiled (layers.gate_rows, the one-call step's)."""

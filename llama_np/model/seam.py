@@ -109,15 +109,16 @@ class Seam:
 
     def decode_blocks(
         self, layers: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,
-        rots: list[Rotary], spans: list[Span],
+        rots: list[Rotary], spans: list[Span], ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
         """Every decoder block of a decode step in one call on x (1, dim), in place, if the
         operations have it: then records `reads` (the layers' weights, norms and biases by
         category, as the calls one by one record them) and each layer's KV span, and says
-        True; False (nothing done) when they do not. rots, spans: per layer."""
+        True; False (nothing done) when they do not. rots, spans: per layer; ple (1,
+        layers, ple_dim): gemma4's per-layer inputs (per_layer_inputs)."""
         c = self.config
         chosen = np.zeros((len(layers), c.experts_per_token), np.int64)
-        done = self.ops.decode_blocks(c, layers, x, cache, rots, spans, chosen)
+        done = self.ops.decode_blocks(c, layers, x, cache, rots, spans, chosen, ple)
         if done:
             self._layers_read(reads, [spans], [cache])
             for layer, sel in zip(layers, chosen, strict=True) if c.n_experts > 1 else ():

@@ -269,7 +269,8 @@ class Transformer:
         ple = seam.per_layer_inputs(w, tokens, x)  # (T, layers, ple_dim) or None
         rots = self.rotaries(np.arange(p0, p0 + t), cache)  # per layer
         # a decode step runs every block in one call (x in place) where the backend can
-        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans)):
+        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans,
+                                              ple)):  # fmt: skip
             x = self._blocks(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
                                                                   qk),
                              lambda i: [cache.states[i]], ple)  # fmt: skip
@@ -322,6 +323,8 @@ class Transformer:
             reads[ATTN] += 0 if l.qkv_bias is None else l.qkv_bias.nbytes
             if l.experts is None:  # (experts: recorded per step, by its choices: _experts_read)
                 reads[MLP] += l.w_gate_up.nbytes + l.w_down.nbytes
+            if l.ple_gate is not None:  # gemma4's per-layer input (per_layer_add)
+                reads[MLP] += l.ple_gate.nbytes + l.ple_proj.nbytes
         return dict(reads)
 
     def _blocks(self, x: np.ndarray, attend: Callable, states: Callable,
@@ -380,7 +383,7 @@ class Transformer:
         # a few sequences' step runs every block in one call (x in place) where the backend
         # can; a batch of one, the one-sequence step's call (forward's decode_blocks)
         one = len(caches) == 1 and seam.decode_blocks(
-            w.layers, self.block_reads, x, caches[0], rots[0], spans[0]
+            w.layers, self.block_reads, x, caches[0], rots[0], spans[0], ple
         )
         if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
             x = self._blocks(x, lambda qkv, i, qk: seam.attention_batch(

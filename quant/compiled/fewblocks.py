@@ -267,8 +267,9 @@ def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, 
                 a = lay(qv, nb, h.shape[1] - q_dim, np.float32)
                 for b in range(nb):
                     ungate(h[b], q_dim, hd, a[b], gate[b])
-            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i), keys, values,
-                   kv_at[i], slots[j], ns[j], tasks0 if j == 0 else tasks1, att)  # fmt: skip
+            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i, mixing[5][i]), keys,
+                   values, kv_at[i], slots[j], ns[j], tasks0 if j == 0 else tasks1,
+                   att)  # fmt: skip
             for b in range(nb if gated else 0):
                 gate_rows(att[b], gate[b])
             mixed = att
@@ -300,11 +301,11 @@ def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, s
     sequence appends and how many keys it attends in that span (a window's layers, the
     others). The rest as layers.decode_blocks takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
-    nb, n_kv, hd, dims = x.shape[0], values[0].shape[0], values[0].shape[2], mixing[2]
+    nb, n_kv, dims = x.shape[0], values[0].shape[0], mixing[2]
     qkv = np.empty(nb * widest(rows, plan, 0), np.float32)
     gate_up = np.empty(nb * widest(rows, plan, 2), np.float32)
     y = np.empty_like(x)
-    q_dim = attention_shape(rows, plan, mixing[0], dims, n_kv * hd)
+    q_dim, hd = attention_shape(mixing[0], mixing[5])  # (every layer's: gemma4's declined)
     tasks0 = batch_tasks(ns[0], n_kv, q_dim // hd, hd)
     tasks1 = batch_tasks(ns[1], n_kv, q_dim // hd, hd)
     width, conv_qkv, bx = mixer_scratch(mixing[0], dims, x.shape[1])

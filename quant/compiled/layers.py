@@ -27,6 +27,7 @@ from llvmlite import ir
 from numba import carray, prange, types
 from numba.core.extending import intrinsic, overload
 
+from ..ggml import BLOCK
 from . import attention, ggml, intdot, matvec, recurrent
 from .jit import kernel
 from .kinds import BF16, F16, F32, KQUANT, Q4, Q5, Q8_0  # what a table row multiplies
@@ -259,18 +260,32 @@ def attend(sync, k, qkv, cos, sin, spec, keys, values, slot, n, run, top, total,
     finish(sync, k, finished, tasks)
 
 
-def at_addresses(store, at):
-    """A layer's KV store: `store`'s tuple of arrays (layer 0's) with its shapes and dtypes,
-    at the addresses `at` (one per array)."""
+def at_addresses(store, at, hd):
+    """A layer's KV store: `store`'s tuple of arrays (another layer's) with its dtypes and
+    shapes, but for head_dim hd (the width per slot: gemma4's layers differ), at the
+    addresses `at` (one per array; q8_0's second array, its scales, hd / 32 wide)."""
+
+
+def widened(shape, width):
+    """A store's array shape with its width per slot (axis 2) replaced."""
+
+
+@overload(widened, inline="always")
+def _widened(shape, width):
+    if len(shape) == 4:  # keys, tiled: (n_kv, tiles, width, 16)
+        return lambda shape, width: (shape[0], shape[1], width, shape[3])
+    return lambda shape, width: (shape[0], shape[1], width)  # values: (n_kv, slots, width)
 
 
 @overload(at_addresses, inline="always")
-def _at_addresses(store, at):
+def _at_addresses(store, at, hd):
     if len(store) == 1:
-        return lambda store, at: (carray(voidptr(at[0]), store[0].shape, store[0].dtype),)
-    return lambda store, at: (
-        carray(voidptr(at[0]), store[0].shape, store[0].dtype),
-        carray(voidptr(at[1]), store[1].shape, store[1].dtype),
+        return lambda store, at, hd: (
+            carray(voidptr(at[0]), widened(store[0].shape, hd), store[0].dtype),
+        )
+    return lambda store, at, hd: (
+        carray(voidptr(at[0]), widened(store[0].shape, hd), store[0].dtype),
+        carray(voidptr(at[1]), widened(store[1].shape, hd // BLOCK), store[1].dtype),
     )
 
 
@@ -325,8 +340,8 @@ def batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, t, tasks):
     first, at, runs, top, total, part = tasks
     nk, n_kv, hd = len(keys), values[0].shape[0], values[0].shape[2]
     b = np.searchsorted(first, t, side="right") - 1
-    kk = at_addresses(keys, kv_at[b, :nk])
-    vv = at_addresses(values, kv_at[b, nk:])
+    kk = at_addresses(keys, kv_at[b, :nk], hd)
+    vv = at_addresses(values, kv_at[b, nk:], hd)
     top_b, total_b, part_b = pieces_of_sequence(first, at, b, n_kv, hd, top, total, part)
     attention.attend_task(qkv[b], cos[b], sin[b], spec, kk, vv, slots[b], ns[b], t - first[b],
                           runs[b], top_b, total_b, part_b)  # fmt: skip
@@ -373,16 +388,29 @@ def append_tokens(qkv, cos, sin, spec, keys, values, slot0):
 # granite): the add needs the whole product. Elsewhere a product adds into x as it goes.
 # A mixture of experts' layer: qkv, attention, o, o's add, the router, the chosen experts'
 # gate_up products, their down products, and their weighted sum added.
+# gemma4's layer (per-layer inputs, a scalar): then the per-layer input's gate product, its
+# projection's, and their add with the layer's scalar.
 PHASES = 7
 MOE_PHASES = 8
+LAYERED_PHASES = 10
 PHASE_NAMES = ("qkv", "attention", "o", "o residual", "gate_up", "down", "down residual")
 MOE_PHASE_NAMES = (*PHASE_NAMES[:4], "router", "experts gate_up", "experts down", "experts add")
+LAYERED_PHASE_NAMES = (*PHASE_NAMES, "ple gate", "ple proj", "ple add")
 
 
 @kernel(inline=True)
-def phases_of(experts):
-    """A layer's phases: PHASES, or a mixture of experts' (experts: moe_spec)."""
-    return PHASES if experts[0] == 0 else MOE_PHASES
+def layered(per_layer):
+    """Whether the layers take per-layer inputs or scalars (decode_blocks' per_layer)."""
+    return per_layer[0].shape[1] > 0 or per_layer[1].shape[0] > 0
+
+
+@kernel(inline=True)
+def phases_of(experts, per_layer):
+    """A layer's phases: PHASES, a mixture of experts' (experts: moe_spec), or a layer's
+    with per-layer inputs or a scalar (gemma4)."""
+    if experts[0] != 0:
+        return MOE_PHASES
+    return LAYERED_PHASES if layered(per_layer) else PHASES
 
 
 @kernel
@@ -472,6 +500,29 @@ def residual_phase(sync, k, x, y, norm, eps, scale):
         finish(sync, k, 0, 1)
 
 
+@kernel
+def per_layer_add(sync, k, threads, rows, factors, p, x, y, norm, eps, gate, inputs, scalar,
+                  buf, ints, none):  # fmt: skip
+    """Phases k to k + 2, gemma4's layer after its MLP (seam.per_layer_add, then scaled):
+    inputs (2 ple_dim,) = [x @ ple_gate (the first product writes it) | the layer's input
+    (empty: none)], y = ple_proj @ gate(inputs); then, one item, x += rmsnorm(y) * norm
+    and x *= scalar ((1,); empty: none)."""
+    half = inputs.shape[0] // 2
+    if half:
+        product(sync, k, threads, rows, factors, p[4, 0], p[4, 1], x, norm, eps, PLAIN, False,
+                inputs[:half], none, buf, ints)  # fmt: skip
+        product(sync, k + 1, threads, rows, factors, p[5, 0], p[5, 1], inputs, norm, eps, gate,
+                False, y, none, buf, ints)  # fmt: skip
+    if take(sync, k + 2, 1, 1) < 1:
+        if half:
+            residual(x, y, norm, eps, np.float32(1))
+        for j in range(x.shape[0] if scalar.shape[0] else 0):
+            x[j] *= scalar[0]
+        finish(sync, k + 2, 1, 1)
+    else:
+        finish(sync, k + 2, 0, 1)
+
+
 @kernel(inline=True)
 def pieces_in(flat, n_heads, n, hd):
     """top, total (n_heads, pieces), part (n_heads, pieces, hd) and the run of tiles per
@@ -497,6 +548,11 @@ def pieces_scratch(n_heads, n, hd):
 # head sizes and kernel, the short convolution's kernel, whether attention is gated
 ATTENTION, DELTA, CONV = 0, 1, 2
 K_HEADS, V_HEADS, K_DIM, V_DIM, DELTA_KERNEL, CONV_KERNEL, GATED = range(7)
+# mixing's shapes, a row per layer: what its attention's arrays are (gemma4's layers differ
+# in head_dim and rotary): its head_dim, its RoPE angles (rotary / 2), q_dim, whether v is
+# RMS-normed before it is stored (gemma4's layers with KV of their own), the widths of
+# its q and k norms' weights (0: none)
+HEAD_DIM, HALF, Q_DIM, V_NORM, Q_NORMS, K_NORMS = range(6)
 
 
 @kernel(inline=True)
@@ -532,7 +588,7 @@ def mixer_item(kind, h, mixing, at, state_at, eps, item, out, conv_qkv, bx, sk, 
     addresses of its convolution, dt_bias, a and norm; state_at: of the sequence's state's
     conv and s; conv_qkv (1, conv_dim), bx (1, dim): the sequence's shared scratch; sk, sq
     (v_dim,): the thread's."""
-    _, _, dims, heads, scale = mixing
+    dims, heads, scale = mixing[2], mixing[3], mixing[4]
     if kind == DELTA:
         kh_n, hv_n, kd, vd = dims[K_HEADS], dims[V_HEADS], dims[K_DIM], dims[V_DIM]
         kk, c_n = dims[DELTA_KERNEL], conv_dim_of(dims)
@@ -597,30 +653,94 @@ def sigmoid_gate(y, gate):
 
 
 @kernel(inline=True)
-def layer_spec(spec, i):
+def layer_spec(spec, i, shape):
     """Layer i's attention spec (attention.spec_of) from the stacked one: its q and k
-    norms (rows of spec's (L, n) arrays), the shared eps, scale and cap."""
-    return spec[0][i], spec[1][i], spec[2], spec[3], spec[4]
+    norms (rows of spec's (L, n) arrays, as wide as its `shape` row says), its scale (of
+    spec's (L,)), the shared eps and cap."""
+    q, k = spec[0][i, : shape[Q_NORMS]], spec[1][i, : shape[K_NORMS]]
+    return q, k, spec[2], spec[3][i], spec[4]
+
+
+@kernel(inline=True)
+def value_norms(qkv, n_kv, hd, eps):
+    """gemma4: each KV head's value (qkv's last n_kv * hd) RMS-normed in place, without a
+    weight (llama_np.model.ops.norm_heads)."""
+    v0 = qkv.shape[0] - n_kv * hd
+    for h in range(n_kv):
+        v = qkv[v0 + h * hd : v0 + (h + 1) * hd]
+        s = np.float32(0)
+        for j in range(hd):
+            s += v[j] * v[j]
+        inv = np.float32(1) / np.sqrt(s / np.float32(hd) + eps)
+        for j in range(hd):
+            v[j] = v[j] * inv
+
+
+@kernel
+def norm_values(qkv, n_kv, hd, eps):
+    """value_norms of every row of qkv (T, q_dim + 2 kv_dim), in place: the calls one by
+    one's (llama_np's CompiledOps.norm_values)."""
+    for t in range(qkv.shape[0]):
+        value_norms(qkv[t], n_kv, hd, eps)
+
+
+@kernel(inline=True)
+def attention_input(h, shape, n_kv, eps, gated, own, gate):
+    """What a layer's attention takes of its qkv product h: qwen3_5's q parted from its
+    gates (ungate), gemma4's v normed (value_norms), each into the thread's own buffer
+    `own` (the same arithmetic on each thread, so the same bits); else h itself."""
+    hd, q_dim = shape[HEAD_DIM], shape[Q_DIM]
+    if gated:
+        return ungate(h, q_dim, hd, own, gate)
+    if shape[V_NORM]:
+        a = own[: h.shape[0]]
+        a[:] = h
+        value_norms(a, n_kv, hd, eps)
+        return a
+    return h
+
+
+@kernel(inline=True)
+def attention_phase(sync, k, h, i, eps, cos, sin, spec, keys, values, kv_at, slots, n_keys,
+                    flat, mixing, own, gate, att):  # fmt: skip
+    """Phase k, layer i's attention on its qkv product h, combined into att's first q_dim
+    (returned), each array shaped by the layer's row of mixing's shapes: its head_dim, its
+    stores at their addresses (kv_at[i]), its angles, its norms and scale."""
+    shape, nk, n_kv = mixing[5][i], len(keys), values[0].shape[0]
+    hd, q_dim, half = shape[HEAD_DIM], shape[Q_DIM], shape[HALF]
+    gated = mixing[2][GATED] != 0  # qwen3_5: each head's q then its gate
+    a = attention_input(h, shape, n_kv, eps, gated, own, gate)
+    kk = at_addresses(keys, kv_at[i, :nk], hd)
+    vv = at_addresses(values, kv_at[i, nk:], hd)
+    top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
+    attend(sync, k, a, cos[i, :half], sin[i, :half], layer_spec(spec, i, shape), kk, vv,
+           slots[i], n_keys[i], run, top, total, part)  # fmt: skip
+    mixed = att[:q_dim]
+    attention.combine(top, total, part, mixed)
+    if gated:
+        gate_rows(mixed, gate)
+    return mixed
 
 
 @kernel
 def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
            keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
-           logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim):  # fmt: skip
+           logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim, per_layer):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_blocks)."""
     start(sync)  # the step's start (team.phase_seconds)
-    hd, kinds, mix_at, dims = values[0].shape[2], mixing[0], mixing[1], mixing[2]
-    n = max(x.shape[0], gate_up.shape[0] // 2, q_dim, mixer_bufs[0].shape[0])
+    kinds, mix_at, dims, shapes = mixing[0], mixing[1], mixing[2], mixing[5]
+    n = max(x.shape[0], gate_up.shape[0] // 2, q_dim, mixer_bufs[0].shape[0],
+            per_layer[0].shape[1])  # fmt: skip
     buf, att = scratch(n), np.empty(q_dim, np.float32)
-    gated = dims[GATED] != 0  # qwen3_5: each head's q then its gate (ungate)
-    qv, gate = np.empty(qkv.shape[0] if gated else 0, np.float32), np.empty(q_dim, np.float32)
+    own = dims[GATED] != 0 or shapes[:, V_NORM].any()  # (attention_input's buffers)
+    qv, gate = np.empty(qkv.shape[0] if own else 0, np.float32), np.empty(q_dim, np.float32)
     # no bias, and the norm of a product without one (unread): arrays of the caller's, not
     # module constants, which numba types read-only (a second specialization of rmsnorm)
-    nk, none = len(keys), biases[0, :0]
+    none = biases[0, :0]
     pre, gate_mode, post, scale = form
     fused = not post and scale == np.float32(1)  # the residual add inside the products
     post_n = x.shape[0] if post else 0  # the post-norms' length (0: none)
-    phases = phases_of(experts)
+    phases, scalars = phases_of(experts, per_layer), per_layer[1]
     sel, w = np.empty(max(experts[1], 1), np.int64), np.empty(max(experts[1], 1), np.float32)
     for i in range(plan.shape[0]):
         p, k, kind = plan[i], phases * i, kinds[i]
@@ -628,16 +748,8 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
                 False, h, biases[i], buf, ints)  # fmt: skip
         if kind == ATTENTION:
-            a = ungate(h, q_dim, hd, qv, gate) if gated else h
-            kk = at_addresses(keys, kv_at[i, :nk])
-            vv = at_addresses(values, kv_at[i, nk:])
-            top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
-            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i), kk, vv, slots[i],
-                   n_keys[i], run, top, total, part)  # fmt: skip
-            attention.combine(top, total, part, att)
-            if gated:
-                gate_rows(att, gate)
-            mixed = att
+            mixed = attention_phase(sync, k + 1, h, i, eps, cos, sin, spec, keys, values, kv_at,
+                                    slots, n_keys, flat, mixing, qv, gate, att)  # fmt: skip
         else:  # a recurrent mixer: its state's addresses in the layer's row of kv_at
             mixer_phase(sync, k + 1, kind, h, mixing, mix_at[i], kv_at[i], eps, x.shape[0],
                         mixer_bufs)  # fmt: skip
@@ -652,12 +764,17 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
                            gate_ups, outs, norms[i, 3, :post_n], scale, y, none, buf, ints,
                            chosen[i])  # fmt: skip
             continue
+        g = gate_up[: out_rows(rows, p[2, 0], p[2, 1])]  # (gemma4's layers: widths differ)
         product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
-                False, gate_up, none, buf, ints)  # fmt: skip
-        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], gate_up, norms[i, 1],
-                eps, gate_mode, fused, x if fused else y, none, buf, ints)  # fmt: skip
+                False, g, none, buf, ints)  # fmt: skip
+        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], g, norms[i, 1], eps,
+                gate_mode, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
+        if phases == LAYERED_PHASES:
+            per_layer_add(sync, k + 7, threads, rows, factors, p, x, y, norms[i, 4], eps,
+                          gate_mode, per_layer[0][i], scalars[i : i + min(scalars.shape[0], 1)],
+                          buf, ints, none)  # fmt: skip
 
 
 @kernel(inline=True)
@@ -670,14 +787,14 @@ def widest(rows, plan, j):
 
 
 @kernel(inline=True)
-def attention_shape(rows, plan, kinds, dims, kv_dim):
-    """q_dim of the layers that attend, from the first's qkv product (a gated one's q_dim
-    rows of gates beside its queries)."""
-    for i in range(plan.shape[0]):
+def attention_shape(kinds, shapes):
+    """The most query rows (q_dim) and the widest head_dim of the layers that attend
+    (mixing's shapes)."""
+    q_dim, hd = 0, 0
+    for i in range(kinds.shape[0]):
         if kinds[i] == ATTENTION:
-            q_rows = out_rows(rows, plan[i, 0, 0], plan[i, 0, 1]) - 2 * kv_dim
-            return q_rows // 2 if dims[GATED] else q_rows
-    return 0
+            q_dim, hd = max(q_dim, shapes[i, Q_DIM]), max(hd, shapes[i, HEAD_DIM])
+    return q_dim, hd
 
 
 @kernel(inline=True)
@@ -696,53 +813,68 @@ def mixer_scratch(kinds, dims, dim):
 @kernel(parallel=True)
 def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
                   values, kv_at, slots, n_keys, ints, threads, experts, routers, chosen,
-                  mixing):  # fmt: skip
+                  mixing, per_layer):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
-    plan (L, 4, 2): per layer, the table rows of its products qkv (a recurrent mixer's
-    input projection), o, gate_up and down;
-    norms (L, 4, dim): the norms before attention and the MLP and after them (rows a
-    family lacks: unread); biases (L, qkv rows) or (L, 0); form: (the prologue before
-    attention and the MLP, NORM or PLAIN; the MLP's gate, SWIGLU or GEGLU; whether the
-    sub-blocks' outputs are normed; the residual multiplier); cos, sin (L, rotary / 2):
-    each layer's RoPE angle; spec: the attention's (attention.spec_of, its norms stacked
-    by layer: (L, n)); keys, values: the KV stores of a layer that attends, and kv_at (L,
-    arrays of both): every layer's at its addresses (a recurrent layer's row: its state's
-    conv and s); slots, n_keys (L,): each layer's span. mixing: (kinds (L,): each layer's
-    mixer, ATTENTION, DELTA or CONV; at (L, 4): a recurrent layer's convolution, dt_bias, a
-    and norm at their addresses; dims (7,): K_HEADS...GATED; heads (Hv,): the key head of
-    each value head; scale: q's, float32). Each layer as
-    llama_np.model.transformer.Transformer._blocks runs it; the buffers are sized by the
-    widest layer. A mixture of experts: experts = (E, k, whether
-    the k weights are renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's
-    router's table row and the table rows from one expert to the next, plan[i, 2:4]
-    expert 0's gate_up and down; the experts each layer chose are written into chosen
-    (L, k). One parallel loop, one iteration per thread
-    (team.py): the phases share work through `sync`'s counters. `threads`:
-    numba.get_num_threads() (asked inside, it would keep the kernel out of the disk cache).
-    Returns `sync`: each phase's row (layer i's phases from phases_of(experts) i), then the
-    step's start, with their clocks (team.phase_seconds)."""
-    n_kv, hd, kinds, dims = values[0].shape[0], values[0].shape[2], mixing[0], mixing[2]
+    plan (L, 6, 2): per layer, the table rows of its products qkv (a recurrent mixer's
+    input projection), o, gate_up, down, and gemma4's per-layer input's gate and
+    projection (empty where a family has none);
+    norms (L, 5, dim): the norms before attention and the MLP, after them, and after the
+    per-layer input (rows a family lacks: unread); biases (L, qkv rows) or (L, 0); form:
+    (the prologue before attention and the MLP, NORM or PLAIN; the MLP's gate, SWIGLU or
+    GEGLU; whether the sub-blocks' outputs are normed; the residual multiplier); cos, sin
+    (L, widest rotary / 2): each layer's RoPE angle (its first shapes[i, HALF]); spec:
+    the attention's (attention.spec_of, its norms stacked by layer: (L, n), its scale
+    (L,)); keys, values: the KV stores of a layer that attends (their format; each
+    layer's head_dim is its own), and kv_at (L, arrays of both): every layer's at its
+    addresses (a recurrent layer's row: its state's conv and s; a shared KV layer's: its
+    source's, its slot -1: it appends nothing); slots, n_keys (L,): each layer's span.
+    mixing: (kinds (L,): each layer's mixer, ATTENTION, DELTA or CONV; at (L, 4): a
+    recurrent layer's convolution, dt_bias, a and norm at their addresses; dims (7,):
+    K_HEADS...GATED; heads (Hv,): the key head of each value head; scale: q's, float32;
+    shapes (L, 6): each layer's attention shape, HEAD_DIM...K_NORMS). per_layer: gemma4's
+    (inputs (L, 2 ple_dim): each layer's room for its gate's product, then its per-layer
+    input; scalars (L,): each layer's output times it; (L, 0) and (0,): none). Each layer
+    as llama_np.model.transformer.Transformer._blocks runs it; the buffers are sized by
+    the widest layer. A mixture of experts: experts = (E, k, whether the k weights are
+    renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's router's table
+    row and the table rows from one expert to the next, plan[i, 2:4] expert 0's gate_up
+    and down; the experts each layer chose are written into chosen (L, k). One parallel
+    loop, one iteration per thread (team.py): the phases share work through `sync`'s
+    counters. `threads`: numba.get_num_threads() (asked inside, it would keep the kernel
+    out of the disk cache). Returns `sync`: each phase's row (layer i's phases from
+    phases_of(experts, per_layer) i), then the step's start, with their clocks
+    (team.phase_seconds)."""
+    kinds, dims = mixing[0], mixing[2]
     qkv = np.empty(widest(rows, plan, 0), np.float32)
     gate_up = np.empty(widest(rows, plan, 2), np.float32)
     y = np.empty(x.shape[0], np.float32)
-    q_dim = attention_shape(rows, plan, kinds, dims, n_kv * hd)
+    q_dim, hd = attention_shape(kinds, mixing[5])
     flat = pieces_scratch(q_dim // hd, n_keys.max(), hd)
     mixer_bufs = mixer_scratch(kinds, dims, x.shape[0])
-    sync = np.zeros((phases_of(experts) * plan.shape[0] + 1, LINE), np.int64)
+    sync = np.zeros((phases_of(experts, per_layer) * plan.shape[0] + 1, LINE), np.int64)
     logits = np.empty(experts[0], np.float32)
     gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
     outs = np.empty((experts[1], x.shape[0]), np.float32)
     for _ in prange(threads):
         member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
                keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts,
-               routers, logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim)  # fmt: skip
+               routers, logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim,
+               per_layer)  # fmt: skip
     return sync
 
 
-def attending(layers: int) -> tuple:
-    """decode_blocks' `mixing` for a model whose every layer attends."""
+def attending(layers: int, hd: int, half: int) -> tuple:
+    """decode_blocks' `mixing` for a model whose every layer attends alike (one KV head,
+    one query head of hd, rotary 2 half, no norms)."""
+    shapes = np.zeros((layers, 6), np.int64)
+    shapes[:, [HEAD_DIM, HALF, Q_DIM]] = hd, half, hd
     return (np.zeros(layers, np.int64), np.zeros((layers, 4), np.int64), np.zeros(7, np.int64),
-            np.zeros(1, np.int64), np.float32(1))  # fmt: skip
+            np.zeros(1, np.int64), np.float32(1), shapes)  # fmt: skip
+
+
+def plain(layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """decode_blocks' `per_layer` for a model without per-layer inputs or scalars."""
+    return np.zeros((layers, 0), np.float32), np.zeros(0, np.float32)
 
 
 DENSE = np.zeros(3, np.int64)  # decode_blocks' `experts` for a model without
@@ -760,14 +892,14 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     ws = [np.zeros((rows, cols), np.float32) for rows, cols in
           ((3 * hd, dim), (dim, hd), (dim, dim), (dim, dim // 2))]  # fmt: skip
     t = table([Operands(F32, w.shape[0], (w,)) for w in ws])
-    plan = np.array([[[0, 1], [1, 2], [2, 3], [3, 4]]], np.int64)
+    plan = np.array([[[0, 1], [1, 2], [2, 3], [3, 4], [4, 4], [4, 4]]], np.int64)
     kv_at = np.array([[address(a) for a in keys + values]], np.int64)
     cos = np.ones((1, hd // 2), np.float32)
     none = np.zeros((1, 0), np.float32)
-    spec = attention.spec_of(none, none, 1e-5, 1.0, 0.0)
+    spec = attention.spec_of(none, none, 1e-5, np.ones(1, np.float32), 0.0)
     decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
-                  np.ones((1, 4, dim), np.float32), none, np.float32(1e-5),
+                  np.ones((1, 5, dim), np.float32), none, np.float32(1e-5),
                   (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
                   np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1, DENSE,
                   np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64),
-                  attending(1))  # fmt: skip
+                  attending(1, hd, hd // 2), plain(1))  # fmt: skip
