@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
 DEAREST = ["integration/test_qwen.py", "llama_np/model/test_compile_order.py",
            "quant/test_compiled.py", "integration/test_smollm2.py",
            "integration/test_robustness.py", "integration/test_serve.py",
-           "llama_np/model/test_decode_blocks.py", "integration/test_fuzz.py",
+           "llama_np/model/test_decode_layers.py", "integration/test_fuzz.py",
            "integration/test_reference.py", "integration/test_first_run.py",
            "integration/test_differential.py", "integration/test_families_gguf.py",
            "quant/test_intdot.py", "integration/test_meter_sol.py"]  # fmt: skip

@@ -457,7 +457,7 @@ class NumpyOps:
         half = np.float32(0.5)
         return y * (half + half * np.tanh(gate * half))
 
-    def decode_blocks(
+    def decode_layers(
         self, c: Config, layers: list, x: np.ndarray, cache: KVCache, rot: Rotary, span: Span,
         chosen: np.ndarray, ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
@@ -469,7 +469,7 @@ class NumpyOps:
 
     def step_seconds(self) -> dict[str, float]:
         """The last one-call decode step's time by the meter's categories, and "waits" (see
-        ops_compiled); only after a decode_blocks or decode_batch that said True."""
+        ops_compiled); only after a decode_layers or decode_batch that said True."""
         raise NotImplementedError
 
     def decode_batch(

@@ -1,8 +1,8 @@
 """The forward pass's operations on the compiled backend: for one token (decode) each is one
 compiled call, the matrix product with its RMSNorm, SwiGLU or residual addition fused in
 (quant.compiled.ops.prologue), and all the decoder blocks of a decode step can run as one
-call (`decode_blocks`: quant.compiled.layers; a few sequences' step: `decode_batch`,
-quant.compiled.fewblocks). Several tokens (a batch's step, a prompt) run one product of
+call (`decode_layers`: quant.compiled.layers; a few sequences' step: `decode_batch`,
+quant.compiled.fewlayers). Several tokens (a batch's step, a prompt) run one product of
 all their rows per matrix (`batch_product`: quant.compiled.weights' matmat_into) and
 attention in compiled calls too (`attention_batch`, `prompt_attention`): a prompt calls
 no BLAS, whose spinning threads would take a core from numba's."""
@@ -20,13 +20,13 @@ from llama_arch import Config
 from llama_np.model.kvcache import KVCache, Span
 from llama_np.model.ops import NumpyOps, QKNorms, Residual, Rotary, top_k
 from quant import Matrix
-from quant.compiled import attention, fewblocks, kinds, layers, ops, recurrent, team
+from quant.compiled import attention, fewlayers, kinds, layers, ops, recurrent, team
 from quant.compiled.experts import experts_batch
 from quant.compiled.fewdot import FEW
 from quant.compiled.weights import CompiledMatrix, f32_stack_into
 
-INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_blocks' `ints`, by dot
-# the meter's category of what each phase of decode_blocks reads (step_seconds)
+INT_BITS = {"f32": 0, "int8": 8, "int16": 16}  # decode_layers' `ints`, by dot
+# the meter's category of what each phase of decode_layers reads (step_seconds)
 PHASE_CATEGORY = {"qkv": ATTN, "attention": KV, "o": ATTN,
                   "o residual": NORMS, "gate_up": MLP, "down": MLP,
                   "down residual": NORMS, "router": MLP,
@@ -38,7 +38,7 @@ PHASE_CATEGORY = {"qkv": ATTN, "attention": KV, "o": ATTN,
 PAIRED = 64
 
 
-def product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
+def vector_product(w: Matrix, x: np.ndarray, out: np.ndarray, mode: int, norm: np.ndarray,
             eps: float, add: bool, dot: str) -> None:  # fmt: skip
     """out (=, or += when add) W @ prologue(x), x multiplied as `dot`: one kernel for a
     compiled matrix; for a stack of matrices in several formats, the prologue once, then
@@ -87,22 +87,22 @@ def scores_scale(c: Config) -> np.float32:
     return np.float32(1) / np.sqrt(np.float32(c.head_dim))
 
 
-def layer_spec(c: Config, qk: QKNorms) -> tuple:
+def attention_spec(c: Config, qk: QKNorms) -> tuple:
     """A layer's attention.spec_of: its q and k norms, the scale, the soft-cap."""
     q = NO_VECTOR if qk.q is None else qk.q
     k = NO_VECTOR if qk.k is None else qk.k
     return attention.spec_of(q, k, c.norm_eps, scores_scale(c), c.attn_softcap or 0.0)
 
 
-def block_form(c: Config) -> tuple:
-    """layers.decode_blocks' `form`: the prologue before attention and the MLP, the MLP's
+def layer_form(c: Config) -> tuple:
+    """layers.decode_layers' `form`: the prologue before attention and the MLP, the MLP's
     gate, whether sub-blocks' outputs are normed, the residual multiplier."""
     pre = ops.NORM if c.pre_norm else ops.PLAIN
     return pre, ops.GATED[c.mlp_act], c.post_norm, np.float32(c.residual_scale)
 
 
-class Blocks:
-    """A model's decoder blocks as quant.compiled.layers.decode_blocks takes them, packed
+class PackedLayers:
+    """A model's decoder blocks as quant.compiled.layers.decode_layers takes them, packed
     once: a table of every product's operands, which rows each layer's products are, the
     norms and biases stacked by layer; and, per KV cache, the addresses of its layers."""
 
@@ -145,7 +145,7 @@ class Blocks:
         self.spec = attention.spec_of(rows_of([b.q_norm for b in blocks]),
                                       rows_of([b.k_norm for b in blocks]), c.norm_eps, scales,
                                       c.attn_softcap or 0.0)  # fmt: skip
-        self.form = block_form(c)
+        self.form = layer_form(c)
         self.mixing, self._vectors = mixing_of(blocks, c)
         scalars = [b.layer_scalar for b in blocks if b.layer_scalar is not None]
         self.scalars = np.concatenate(scalars).astype(np.float32) if scalars else NO_VECTOR
@@ -185,7 +185,7 @@ class Blocks:
         return at
 
     def per_layer(self, ple: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """decode_blocks' `per_layer` for a token's per-layer inputs ple (1, layers, ple_dim)
+        """decode_layers' `per_layer` for a token's per-layer inputs ple (1, layers, ple_dim)
         (None: a model without): each layer's room for its gate's product, then its input;
         and the layers' scalars."""
         if ple is None:
@@ -223,7 +223,7 @@ MIXER_KINDS = {"attention": layers.ATTENTION, "delta": layers.DELTA, "conv": lay
 
 
 def mixing_of(blocks: Sequence, c: Config) -> tuple[tuple, list[np.ndarray]]:
-    """decode_blocks' `mixing` (layers.decode_blocks) for these blocks, and the arrays its
+    """decode_layers' `mixing` (layers.decode_layers) for these blocks, and the arrays its
     addresses name (to be kept alive)."""
     kinds = np.array([MIXER_KINDS[c.mixer(i)] for i in range(len(blocks))], np.int64)
     at, keep = np.zeros((len(blocks), 4), np.int64), []
@@ -283,30 +283,30 @@ class CompiledOps(NumpyOps):
         self.dot = dot  # x in quantized decode products: "f32", "int8", "int16" (the backend's)
         self.one_call = True  # decode's blocks in one call; False: call by call (to compare)
         self.team: int | None = None  # iterations of its parallel loop (None: the threads)
-        self._blocks: tuple[Sequence, Blocks | None] | None = None
+        self._packed: tuple[Sequence, PackedLayers | None] | None = None
         self._kv: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         self._tables: dict[int, tuple] = {}  # a mixture of experts' layers (_experts_table)
-        # the last one-call step's timers (decode_blocks, decode_batch): sync, threads, the
+        # the last one-call step's timers (decode_layers, decode_batch): sync, threads, the
         # names of a layer's phases, the layers' mixer kinds
         self.last_step: tuple[np.ndarray, int, tuple, np.ndarray] | None = None
         self._heads: np.ndarray | None = None  # a delta net's key head of each value head
 
     def forget(self) -> None:
-        self._blocks, self._tables = None, {}
+        self._packed, self._tables = None, {}
 
-    def packed(self, c: Config, blocks: Sequence) -> Blocks | None:
-        """`blocks` packed for decode_blocks (once per model), or None when a product is
+    def packed(self, c: Config, blocks: Sequence) -> PackedLayers | None:
+        """`blocks` packed for decode_layers (once per model), or None when a product is
         in a format without a compiled kernel."""
-        if self._blocks is None or self._blocks[0] is not blocks:
+        if self._packed is None or self._packed[0] is not blocks:
             # a model none of whose layers attends runs call by call (the step takes one's
             # KV stores' format), as would gemma4's layers with experts
             attends = any(c.mixer(i) == "attention" for i in range(len(blocks)))
             moe = c.layered and c.n_experts > 1
-            one = Blocks.packable(blocks) and attends and not moe
-            self._blocks = (blocks, Blocks(blocks, c) if one else None)
-        return self._blocks[1]
+            one = PackedLayers.packable(blocks) and attends and not moe
+            self._packed = (blocks, PackedLayers(blocks, c) if one else None)
+        return self._packed[1]
 
-    def decode_blocks(
+    def decode_layers(
         self, c: Config, blocks: Sequence, x: np.ndarray, cache: KVCache, rots: list,
         spans: list, chosen: np.ndarray, ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
@@ -324,7 +324,7 @@ class CompiledOps(NumpyOps):
                          np.int64)  # (a shared KV layer appends nothing)  # fmt: skip
         n_keys = np.array([s.n_keys for s in spans], np.int64)
         threads = self.team or numba.get_num_threads()
-        sync = layers.decode_blocks(x[0], t.rows, t.factors, packed.plan, packed.norms,
+        sync = layers.decode_layers(x[0], t.rows, t.factors, packed.plan, packed.norms,
                                     packed.biases, np.float32(c.norm_eps), packed.form, cos,
                                     sin, packed.spec, keys, values, packed.kv_addresses(cache),
                                     slots, n_keys, self.ints, threads, packed.experts,
@@ -351,7 +351,7 @@ class CompiledOps(NumpyOps):
         self, c: Config, blocks: Sequence, x: np.ndarray, caches: list, rots: list, spans: list
     ) -> bool:
         """One token of each of B <= FEW sequences through every decoder block in one
-        compiled call (fewblocks.decode_few), x (B, dim) in place; False (nothing done)
+        compiled call (fewlayers.decode_few), x (B, dim) in place; False (nothing done)
         when the blocks cannot be packed, B is 1 or more than FEW, the caches' layouts or
         windows differ (or take more than two windows), a quantized product would
         multiply x in float32, or the layers differ in shape (gemma4: Config.layered)
@@ -384,7 +384,7 @@ class CompiledOps(NumpyOps):
         cos = np.stack([a[0] for a in angles], axis=1)  # (L, B, rotary / 2)
         sin = np.stack([a[1] for a in angles], axis=1)
         t, threads = packed.table, self.team or numba.get_num_threads()
-        sync = fewblocks.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors,
+        sync = fewlayers.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors,
                                     packed.plan, packed.norms, packed.biases,
                                     np.float32(c.norm_eps), packed.form, cos, sin, packed.spec,
                                     *caches[0].arrays(packed.attends),
@@ -430,7 +430,7 @@ class CompiledOps(NumpyOps):
         kv_at = np.stack([at[layer] for _, at in layouts])
         out = np.empty((qkv.shape[0], c.q_dim), np.float32)
         layers.attend_batch(np.ascontiguousarray(qkv), np.stack([r.cos[0] for r in rots]),
-                            np.stack([r.sin[0] for r in rots]), layer_spec(c, qk),
+                            np.stack([r.sin[0] for r in rots]), attention_spec(c, qk),
                             *caches[0].arrays(layer), kv_at,
                             np.array([s.slot for s in spans], np.int64),
                             np.array([s.n_keys for s in spans], np.int64), out)  # fmt: skip
@@ -447,7 +447,7 @@ class CompiledOps(NumpyOps):
         t, p0 = qkv.shape[0], cache.pos
         qkv = np.ascontiguousarray(qkv)
         keys, values = cache.arrays(layer)
-        spec = layer_spec(c, qk)
+        spec = attention_spec(c, qk)
         layers.append_tokens(qkv, rot.cos, rot.sin, spec, keys, values, p0)
         at = self.kv_layout(cache)[1][layer]
         out = np.empty((t, c.q_dim), np.float32)
@@ -507,7 +507,7 @@ class CompiledOps(NumpyOps):
             h = np.ascontiguousarray(x) if norm is None else prepared(x, norm, eps, ops.NORM)
             return batch_product(w, h, None, self.dot)
         out = np.empty((1, w.shape[0]), np.float32)
-        product(w, x[0], out[0], mode, ops.NO_NORM if norm is None else norm, eps, False,
+        vector_product(w, x[0], out[0], mode, ops.NO_NORM if norm is None else norm, eps, False,
                 self.dot)  # fmt: skip
         return out
 
@@ -525,7 +525,7 @@ class CompiledOps(NumpyOps):
             y = batch_product(w, np.ascontiguousarray(h), None, self.dot)
         else:
             y = x if plain else np.empty((1, w.shape[0]), np.float32)
-            product(w, h[0], y[0], mode, ops.NO_NORM, ops.ZERO, plain, self.dot)
+            vector_product(w, h[0], y[0], mode, ops.NO_NORM, ops.ZERO, plain, self.dot)
             if plain:
                 return x
         norm = NO_VECTOR if post.norm is None else post.norm
@@ -550,14 +550,14 @@ class CompiledOps(NumpyOps):
             return self._moe_batch(c, x, norm, eps, experts, post)
         mode, norm = (ops.PLAIN, ops.NO_NORM) if norm is None else (ops.NORM, norm)
         logits = np.empty(c.n_experts, np.float32)
-        product(experts.router, x[0], logits, mode, norm, eps, False, self.dot)
+        vector_product(experts.router, x[0], logits, mode, norm, eps, False, self.dot)
         k = c.experts_per_token
         sel, w = np.empty(k, np.int64), np.empty(k, np.float32)
         ops.route(logits, k, c.norm_topk, sel, w)
         gate_up, outs = np.empty(2 * c.hidden_dim, np.float32), np.empty((k, c.dim), np.float32)
         for j, e in enumerate(sel):
-            product(experts.gate_up[e], x[0], gate_up, mode, norm, eps, False, self.dot)
-            product(experts.down[e], gate_up, outs[j], ops.GATED[c.mlp_act], ops.NO_NORM,
+            vector_product(experts.gate_up[e], x[0], gate_up, mode, norm, eps, False, self.dot)
+            vector_product(experts.down[e], gate_up, outs[j], ops.GATED[c.mlp_act], ops.NO_NORM,
                     ops.ZERO, False, self.dot)  # fmt: skip
         post_norm = NO_VECTOR if post.norm is None else post.norm
         ops.experts_add(x[0], outs, w, post_norm, np.float32(post.eps), np.float32(post.scale),
@@ -638,7 +638,7 @@ class CompiledOps(NumpyOps):
             return self.prompt_attention(c, qkv, cache, layer, rot, qk)
         keys, values = cache.arrays(layer)
         out = np.empty((1, c.q_dim), np.float32)
-        attention.attend(qkv[0], rot.cos[0], rot.sin[0], layer_spec(c, qk), keys, values,
+        attention.attend(qkv[0], rot.cos[0], rot.sin[0], attention_spec(c, qk), keys, values,
                          span.slot, span.n_keys, out[0])  # fmt: skip
         return out
 
@@ -657,7 +657,7 @@ class CompiledOps(NumpyOps):
         at = self.kv_layout(cache)[1][layer]
         ns = np.array([span.n_keys], np.int64) if t == 1 else np.arange(p0 + 1, p0 + t + 1)
         out = np.empty((t, c.q_dim), np.float32)
-        layers.attend_batch(np.ascontiguousarray(q), rot.cos, rot.sin, layer_spec(c, qk), keys,
+        layers.attend_batch(np.ascontiguousarray(q), rot.cos, rot.sin, attention_spec(c, qk), keys,
                             values, np.repeat(at[None], t, 0), np.full(t, -1, np.int64), ns,
                             out)  # fmt: skip
         return out

@@ -107,7 +107,7 @@ class Seam:
         c = self.config.at(layer)
         return self.ops.attention_batch(c, qkv, caches, layer, rots, spans, qk)
 
-    def decode_blocks(
+    def decode_layers(
         self, layers: list, reads: dict[str, int], x: np.ndarray, cache: KVCache,
         rots: list[Rotary], spans: list[Span], ple: np.ndarray | None = None,
     ) -> bool:  # fmt: skip
@@ -118,7 +118,7 @@ class Seam:
         layers, ple_dim): gemma4's per-layer inputs (per_layer_inputs)."""
         c = self.config
         chosen = np.zeros((len(layers), c.experts_per_token), np.int64)
-        done = self.ops.decode_blocks(c, layers, x, cache, rots, spans, chosen, ple)
+        done = self.ops.decode_layers(c, layers, x, cache, rots, spans, chosen, ple)
         if done:
             self._layers_read(reads, [spans], [cache])
             for layer, sel in zip(layers, chosen, strict=True) if c.n_experts > 1 else ():
@@ -195,13 +195,13 @@ class Profiled(Seam):
     layers in one call, of one sequence or of a few, are timed by its phases' own clocks:
     the profile is of the step that runs unprofiled."""
 
-    def decode_blocks(self, *args) -> bool:
+    def decode_layers(self, *args) -> bool:
         """The one-call step where there is one, its time split by its phases' own timers
         (what it spends beyond them, the call's entry and exit, is outside the kernels)."""
-        return self._timed(super().decode_blocks(*args))
+        return self._timed(super().decode_layers(*args))
 
     def decode_batch(self, *args) -> bool:
-        """A few sequences' one-call step where there is one, timed as decode_blocks."""
+        """A few sequences' one-call step where there is one, timed as decode_layers."""
         return self._timed(super().decode_batch(*args))
 
     def _timed(self, done: bool) -> bool:

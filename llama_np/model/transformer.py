@@ -1,4 +1,4 @@
-"""The forward pass: embedding, N decoder blocks, final norm, LM head.
+"""The forward pass: embedding, N decoder layers, final norm, LM head.
 
 One `forward(tokens, cache)` serves both phases: a prompt of T tokens runs as one batched
 pass (matrix-matrix products), a single token runs matrix-vector products. Every call goes
@@ -243,9 +243,9 @@ class Transformer:
 
     def weights_changed(self) -> None:
         """Say that matrices of `weights` were replaced in place: what was made from them
-        once (the one-call step's tables of operands, the blocks' bytes) is made again."""
+        once (the one-call step's tables of operands, the layers' bytes) is made again."""
         self.ops.forget()
-        self.__dict__.pop("block_reads", None)
+        self.__dict__.pop("layer_reads", None)
 
     @property
     def seam(self) -> Seam:
@@ -269,9 +269,9 @@ class Transformer:
         ple = seam.per_layer_inputs(w, tokens, x)  # (T, layers, ple_dim) or None
         rots = self.rotaries(np.arange(p0, p0 + t), cache)  # per layer
         # a decode step runs every block in one call (x in place) where the backend can
-        if not (t == 1 and seam.decode_blocks(w.layers, self.block_reads, x, cache, rots, spans,
+        if not (t == 1 and seam.decode_layers(w.layers, self.layer_reads, x, cache, rots, spans,
                                               ple)):  # fmt: skip
-            x = self._blocks(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
+            x = self._layers(x, lambda qkv, i, qk: seam.attention(qkv, cache, i, rots[i], spans[i],
                                                                   qk),
                              lambda i: [cache.states[i]], ple)  # fmt: skip
         cache.advance(t)
@@ -312,9 +312,9 @@ class Transformer:
         return self._freqs[key]
 
     @functools.cached_property
-    def block_reads(self) -> dict[str, int]:
-        """Bytes the decoder blocks' weights, norms and biases take, by the meter's category:
-        what `_blocks`' seam calls record one by one in a decode step."""
+    def layer_reads(self) -> dict[str, int]:
+        """Bytes the decoder layers' weights, norms and biases take, by the meter's category:
+        what `_layers`' seam calls record one by one in a decode step."""
         reads: Counter[str] = Counter()
         for l in self.weights.layers:
             reads[NORMS] += sum(v.nbytes for v in l.vectors())
@@ -327,9 +327,9 @@ class Transformer:
                 reads[MLP] += l.ple_gate.nbytes + l.ple_proj.nbytes
         return dict(reads)
 
-    def _blocks(self, x: np.ndarray, attend: Callable, states: Callable,
+    def _layers(self, x: np.ndarray, attend: Callable, states: Callable,
                 ple: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-        """The decoder blocks on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim);
+        """The decoder layers on x (T, dim); `attend(qkv, layer, qk_norms)` -> (T, q_dim);
         `states(layer)`: the recurrent states a recurrent layer carries on (one for a
         prompt, one per row for a batch's step); `ple` (T, layers, ple_dim): gemma4's
         per-layer inputs."""
@@ -381,12 +381,12 @@ class Transformer:
         ple = seam.per_layer_inputs(w, tokens, x)  # (B, layers, ple_dim) or None
         rots = [self.rotaries(np.array([c.pos]), c) for c in caches]  # per sequence, per layer
         # a few sequences' step runs every block in one call (x in place) where the backend
-        # can; a batch of one, the one-sequence step's call (forward's decode_blocks)
-        one = len(caches) == 1 and seam.decode_blocks(
-            w.layers, self.block_reads, x, caches[0], rots[0], spans[0], ple
+        # can; a batch of one, the one-sequence step's call (forward's decode_layers)
+        one = len(caches) == 1 and seam.decode_layers(
+            w.layers, self.layer_reads, x, caches[0], rots[0], spans[0], ple
         )
-        if not (one or seam.decode_batch(w.layers, self.block_reads, x, caches, rots, spans)):
-            x = self._blocks(x, lambda qkv, i, qk: seam.attention_batch(
+        if not (one or seam.decode_batch(w.layers, self.layer_reads, x, caches, rots, spans)):
+            x = self._layers(x, lambda qkv, i, qk: seam.attention_batch(
                 qkv, caches, i, [r[i] for r in rots], [s[i] for s in spans], qk),
                 lambda i: [c.states[i] for c in caches], ple)  # fmt: skip
         for c in caches:

@@ -29,7 +29,7 @@ from llama_np.generation.generate import check_logits
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.model.kvcache import KVCache
 
-WARM = 4  # batch sizes warm_up runs: quant.compiled.fewblocks compiles each up to FEW
+WARM = 4  # batch sizes warm_up runs: quant.compiled.fewlayers compiles each up to FEW
 
 
 class QueueFull(LlamaNpError):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from .jit import kernel_cache, set_threads, threading_layer
 
 with kernel_cache():  # the kernels below are compiled into the project's cache
-    from . import fewblocks, recurrent
+    from . import fewlayers, recurrent
     from .weights import FORMATS
 
 from .simd import DOT_INSTRUCTION
 
-__all__ = ["DOT_INSTRUCTION", "FORMATS", "fewblocks", "recurrent", "set_threads",
+__all__ = ["DOT_INSTRUCTION", "FORMATS", "fewlayers", "recurrent", "set_threads",
            "threading_layer"]  # fmt: skip
 
 

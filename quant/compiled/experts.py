@@ -21,7 +21,7 @@ import numpy as np
 from numba import prange
 
 from . import intdot
-from .fewblocks import lay, run_rows
+from .fewlayers import lay, run_rows
 from .jit import kernel
 from .layers import KIND, Q8_0, ROWS, chunks
 from .matvec import CHUNK

@@ -139,7 +139,7 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     in the disk cache, and on the CPU LLVM tuned for: the one-call decode step and the calls
     one by one once gave logits different in the 7th digit. With one body per row kernel,
     a row gives the same bits on every path compiled in one process (tests/llama_np/model/
-    test_decode_blocks.py compiles both orders into an empty cache). Not across processes:
+    test_decode_layers.py compiles both orders into an empty cache). Not across processes:
     numba links a kernel's optimized IR into each caller's module and optimizes it there
     again, and a kernel loaded from the disk cache (compiled in another process, linked at
     another depth) may still round a sum 1 ulp apart from a copy compiled here."""

@@ -4,7 +4,7 @@ Called block by block, a token of SmolLM2-135M makes ~150 kernel calls, and each
 ~13 us outside the kernel (scripts/call_overhead.py): numba's dispatch unboxing a dozen
 arguments, the Python around it (the seam, the meter, the operations), and the start and
 end of its parallel loop (~6 us at 2 threads). On a 4-bit model that was 10-18% of a
-token. Here the whole stack of blocks is one call, `decode_blocks`, which starts one
+token. Here the whole stack of blocks is one call, `decode_layers`, which starts one
 parallel loop: each thread walks every layer's phases (team.py), taking chunks of each
 product's rows and attention tasks from the phase's counter, and runs them with the very
 functions the block-by-block kernels run (`rows_` in matvec.py, intdot.py, ggml.py;
@@ -55,7 +55,7 @@ class Operands(NamedTuple):
 
 
 class Table(NamedTuple):
-    """Rows of operands for decode_blocks: `rows` (n, COLUMNS) int64, `factors` (n,)
+    """Rows of operands for decode_layers: `rows` (n, COLUMNS) int64, `factors` (n,)
     float32, and `keep`, the arrays the addresses point into (held alive here)."""
 
     rows: np.ndarray
@@ -400,7 +400,7 @@ LAYERED_PHASE_NAMES = (*PHASE_NAMES, "ple gate", "ple proj", "ple add")
 
 @kernel(inline=True)
 def layered(per_layer):
-    """Whether the layers take per-layer inputs or scalars (decode_blocks' per_layer)."""
+    """Whether the layers take per-layer inputs or scalars (decode_layers' per_layer)."""
     return per_layer[0].shape[1] > 0 or per_layer[1].shape[0] > 0
 
 
@@ -543,7 +543,7 @@ def pieces_scratch(n_heads, n, hd):
             np.empty(n_heads * pieces * hd, f32))  # fmt: skip
 
 
-# A layer's token mixer (decode_blocks' `mixing`): attention, a gated delta net, a short
+# A layer's token mixer (decode_layers' `mixing`): attention, a gated delta net, a short
 # convolution; and mixing's dims: the delta net's key heads, value heads, key and value
 # head sizes and kernel, the short convolution's kernel, whether attention is gated
 ATTENTION, DELTA, CONV = 0, 1, 2
@@ -726,7 +726,7 @@ def attention_phase(sync, k, h, i, eps, cos, sin, spec, keys, values, kv_at, slo
 def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
            keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
            logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim, per_layer):  # fmt: skip
-    """One thread's walk through every phase of every layer (decode_blocks)."""
+    """One thread's walk through every phase of every layer (decode_layers)."""
     start(sync)  # the step's start (team.phase_seconds)
     kinds, mix_at, dims, shapes = mixing[0], mixing[1], mixing[2], mixing[5]
     n = max(x.shape[0], gate_up.shape[0] // 2, q_dim, mixer_bufs[0].shape[0],
@@ -811,7 +811,7 @@ def mixer_scratch(kinds, dims, dim):
 
 
 @kernel(parallel=True)
-def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
+def decode_layers(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
                   values, kv_at, slots, n_keys, ints, threads, experts, routers, chosen,
                   mixing, per_layer):  # fmt: skip
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
@@ -834,7 +834,7 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
     shapes (L, 6): each layer's attention shape, HEAD_DIM...K_NORMS). per_layer: gemma4's
     (inputs (L, 2 ple_dim): each layer's room for its gate's product, then its per-layer
     input; scalars (L,): each layer's output times it; (L, 0) and (0,): none). Each layer
-    as llama_np.model.transformer.Transformer._blocks runs it; the buffers are sized by
+    as llama_np.model.transformer.Transformer._layers runs it; the buffers are sized by
     the widest layer. A mixture of experts: experts = (E, k, whether the k weights are
     renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's router's table
     row and the table rows from one expert to the next, plan[i, 2:4] expert 0's gate_up
@@ -864,7 +864,7 @@ def decode_blocks(x, rows, factors, plan, norms, biases, eps, form, cos, sin, sp
 
 
 def attending(layers: int, hd: int, half: int) -> tuple:
-    """decode_blocks' `mixing` for a model whose every layer attends alike (one KV head,
+    """decode_layers' `mixing` for a model whose every layer attends alike (one KV head,
     one query head of hd, rotary 2 half, no norms)."""
     shapes = np.zeros((layers, 6), np.int64)
     shapes[:, [HEAD_DIM, HALF, Q_DIM]] = hd, half, hd
@@ -873,20 +873,20 @@ def attending(layers: int, hd: int, half: int) -> tuple:
 
 
 def plain(layers: int) -> tuple[np.ndarray, np.ndarray]:
-    """decode_blocks' `per_layer` for a model without per-layer inputs or scalars."""
+    """decode_layers' `per_layer` for a model without per-layer inputs or scalars."""
     return np.zeros((layers, 0), np.float32), np.zeros(0, np.float32)
 
 
-DENSE = np.zeros(3, np.int64)  # decode_blocks' `experts` for a model without
+DENSE = np.zeros(3, np.int64)  # decode_layers' `experts` for a model without
 
 
 def moe_spec(n_experts: int, k: int, renormalize: bool) -> np.ndarray:
-    """decode_blocks' `experts`: (E, k, renormalize), or DENSE."""
+    """decode_layers' `experts`: (E, k, renormalize), or DENSE."""
     return np.array([n_experts, k, renormalize], np.int64) if n_experts > 1 else DENSE
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
-    """Compile decode_blocks (or load it from the disk cache) for the KV format of these
+    """Compile decode_layers (or load it from the disk cache) for the KV format of these
     stores (one KV head of 32, tiled keys), on one layer of width 32 in float32."""
     dim, hd = 32, values[0].shape[2]
     ws = [np.zeros((rows, cols), np.float32) for rows, cols in
@@ -897,7 +897,7 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     cos = np.ones((1, hd // 2), np.float32)
     none = np.zeros((1, 0), np.float32)
     spec = attention.spec_of(none, none, 1e-5, np.ones(1, np.float32), 0.0)
-    decode_blocks(np.ones(dim, np.float32), t.rows, t.factors, plan,
+    decode_layers(np.ones(dim, np.float32), t.rows, t.factors, plan,
                   np.ones((1, 5, dim), np.float32), none, np.float32(1e-5),
                   (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
                   np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1, DENSE,

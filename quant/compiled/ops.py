@@ -193,7 +193,7 @@ def prepare_row(x, norm, eps, mode, out):
 def prepare_rows(x, norm, eps, mode, out):
     """prologue() of every row of x (B, n) into out (B, n or n / 2): each row the very
     arithmetic a decode step applies to its one vector, on the calling thread (a team
-    member's own buffers, fewblocks.py: a parallel kernel there would nest a region)."""
+    member's own buffers, fewlayers.py: a parallel kernel there would nest a region)."""
     for v in range(x.shape[0]):
         prepare_row(x[v], norm, eps, mode, out[v])
 

@@ -90,7 +90,7 @@ class CompiledMatrix:
     block of 32 (dot "int8", "int16": intdot.py). `matmat_into(x, out, add, dot)`: the
     same for several vectors x (B, cols) -> out (B, rows) (quant.base.FusedMatrix). And
     `operands()`: the matrix as a row of the table that runs a whole decode step in one
-    call (layers.decode_blocks)."""
+    call (layers.decode_layers)."""
 
     fused = True  # matvec_into takes a prologue and an epilogue
     # Its kernels of one vector (matvec.matvec's `prepare` and `rows`): with x in float32,

@@ -74,8 +74,8 @@ def test_a_batch_of_one_is_the_one_sequence_step_bit_for_bit(models, model, weig
     d, _ = models[model]
     with llama_np.load(d, kernels=kernels, weights=weights) as llm:
         seam, done = llm.model.seam, []
-        one_call = seam.decode_blocks
-        monkeypatch.setattr(seam, "decode_blocks", lambda *a: done.append(one_call(*a)) or done[-1])
+        one_call = seam.decode_layers
+        monkeypatch.setattr(seam, "decode_layers", lambda *a: done.append(one_call(*a)) or done[-1])
         together = stepped(llm, PROMPTS[1:2], 9, batch=True)
         assert done == [kernels == "numba"] * 9  # the compiled backend ran each step in one call
         batch_bytes = llm.model.meter.last.bytes_read

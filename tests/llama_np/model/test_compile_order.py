@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import CompilerCheck
-from tests.llama_np.model.test_decode_blocks import PROMPTS, decode, decode_batch, model_for
+from tests.llama_np.model.test_decode_layers import PROMPTS, decode, decode_batch, model_for
 
-# (case, kernels, KV format, which path runs first): each KV format makes decode_blocks a
+# (case, kernels, KV format, which path runs first): each KV format makes decode_layers a
 # specialization of its own, so the second run compiles it after the calls one by one
 ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call"),
           ("q5_0 + q5_1 v, qwen2", "numba-f32", "f16", "call by call")]  # fmt: skip
@@ -51,7 +51,7 @@ def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
     specialization that LLVM optimized apart, and the two paths gave logits different in
     the 7th digit on some CPUs and runs (after a run that had cached part of the kernels)."""
     check = CompilerCheck("compile-order", "llama_np/model/test_compile_order.py",
-                          "llama_np/model/test_decode_blocks.py")  # fmt: skip
+                          "llama_np/model/test_decode_layers.py")  # fmt: skip
     check.skip_if_passed()
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     code = "from tests.llama_np.model.test_compile_order import compile_orders; compile_orders()"

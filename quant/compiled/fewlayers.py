@@ -1,11 +1,11 @@
-"""A small batch's decode step in one compiled call: layers.decode_blocks for B <= FEW
+"""A small batch's decode step in one compiled call: layers.decode_layers for B <= FEW
 sequences.
 
 Run call by call, a batched step of SmolLM2-135M makes ~330 kernel calls (each product's
 rows rounded to integers in a call of their own, the prologues, the attention of each
 layer), ~8.5 us of fixed cost each against products of 22-52 us: B = 2 cost 1.9x B = 1,
 where the kernels themselves cost 1.2-1.5x. Here the step is one call and one parallel
-loop, as decode_blocks runs one sequence: each thread walks every layer's phases
+loop, as decode_layers runs one sequence: each thread walks every layer's phases
 (team.py), and a product's chunks of rows are multiplied by the B vectors at once with
 fewdot's kernels (each block of weights decoded once for every vector), after the thread
 ran the prologue and the rounding of all B into its own buffers.
@@ -299,7 +299,7 @@ def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, s
     layer's shapes and format: keys, values); kind (L,): which
     of the (at most two) spans a layer's attention takes, slots, ns (2, B): where each
     sequence appends and how many keys it attends in that span (a window's layers, the
-    others). The rest as layers.decode_blocks takes it, and the same `sync` returned: each
+    others). The rest as layers.decode_layers takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
     nb, n_kv, dims = x.shape[0], values[0].shape[0], mixing[2]
     qkv = np.empty(nb * widest(rows, plan, 0), np.float32)

@@ -1,5 +1,5 @@
 """The compiled backend's decode step with its decoder blocks in one call
-(quant.compiled.layers.decode_blocks; a batch's step: quant.compiled.fewblocks) against the
+(quant.compiled.layers.decode_layers; a batch's step: quant.compiled.fewlayers) against the
 same blocks called one operation at a time: the same kernels in the same order, so the
 same logits (see `same_logits`), and the same bytes in the meter. Shapes that are not
 powers of two, rows not a multiple of the 4-row groups, stacks of several formats, every
@@ -22,7 +22,7 @@ from llama_np.model.ops import Rotary
 from llama_np.model.ops_compiled import layer_angles
 from llama_np.model.synthetic import random_model
 from quant.backends import get_backend
-from quant.compiled import fewblocks
+from quant.compiled import fewlayers
 from quant.compiled.team import X86
 from quant.stack import StackedWeight
 
@@ -295,18 +295,18 @@ PROMPTS = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11], [12, 13]]
 @pytest.mark.parametrize("kernels", ["numba-f32", "numba-int8", "numba-int16"])
 @pytest.mark.parametrize(("case", "kv"), RUNS)
 def test_a_batch_in_one_call_equals_call_by_call(case: str, kv: str, kernels: str, b: int):
-    """A batch's decode step in one call (quant.compiled.fewblocks) gives each sequence
+    """A batch's decode step in one call (quant.compiled.fewlayers) gives each sequence
     the bits of the batched step run call by call, and the meter the same bytes. With x
     in float32 (numba-f32) only a model of float formats runs the one call; a mixture of
     experts never does (its batch groups tokens by expert)."""
     model = model_for(case, kernels)
     one_call = kernels != "numba-f32" or CASES[case][1] in ("f32", "f16", "bf16")
     one_call &= CASES[case][0].n_experts == 1 and not CASES[case][0].layered  # (gemma4's: not
-    # yet in fewblocks)
+    # yet in fewlayers)
     calls = []
-    decode_few = fewblocks.decode_few
+    decode_few = fewlayers.decode_few
     with pytest.MonkeyPatch.context() as m:  # the one call really runs (or not), once a step
-        m.setattr(fewblocks, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
+        m.setattr(fewlayers, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
         one, reads, writes = decode_batch(model, kv, True, PROMPTS[:b])
     assert len(calls) == (6 if one_call else 0)
     each, reads_each, writes_each = decode_batch(model, kv, False, PROMPTS[:b])
@@ -319,17 +319,17 @@ def test_a_batch_in_one_call_equals_call_by_call(case: str, kv: str, kernels: st
 @pytest.mark.parametrize("case", ["q4_0 gqa", "bf16 granite"])
 def test_a_profiled_batch_step_is_the_one_call_timed_by_its_phases(case: str, b: int):
     """`bench --batch B --profile` with B <= FEW times the batch's one-call step itself
-    (fewblocks.decode_few, once a step), not the calls one by one, which take twice its
+    (fewlayers.decode_few, once a step), not the calls one by one, which take twice its
     time: the same logits as unprofiled, its phases' work by the meter's categories,
     inside the step's wall time."""
     model = model_for(case, "numba-int16")
     plain, _, _ = decode_batch(model, "f32", True, PROMPTS[:b])
     calls = []
-    decode_few = fewblocks.decode_few
+    decode_few = fewlayers.decode_few
     model.meter.profile = True
     try:
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(fewblocks, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
+            m.setattr(fewlayers, "decode_few", lambda *a: calls.append(a) or decode_few(*a))
             timed, _, _ = decode_batch(model, "f32", True, PROMPTS[:b])
     finally:
         model.meter.profile = False
