@@ -1,6 +1,6 @@
 """The per-group work of the 4-bit and 5-bit integer kernels in vector registers
 (quant.compiled.simd.groups) against NumPy: the blocks' scales times x's exactly, the
-mins' correction within float32 rounding, and the rows' sums in sum4's order bit for bit.
+mins' correction within float32 rounding, and the rows' sums in their one order bit for bit.
 Every length of a group's scales modulo 16 (the masked last step), and 1 to 4 rows."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_group_scales_in_registers(n: int) -> None:
 @pytest.mark.parametrize("nrows", [1, 2, 3, 4])
 def test_put_sums_adds_each_rows_lanes_in_order(nrows: int, add: bool) -> None:
     """out[r0 + i] (+)= ((a0 + a1) + a2) + a3 + extra[i] for row i's 4 lanes at acc[at + 4 i],
-    in float32 in exactly that order (what scalar.sum4 computes); out past nrows kept."""
+    in float32 in exactly that order; out past nrows kept."""
     rng = np.random.default_rng(nrows + 10 * add)
     acc = (rng.standard_normal(40) * np.exp(4 * rng.standard_normal(40))).astype(np.float32)
     extra = rng.standard_normal(4).astype(np.float32)

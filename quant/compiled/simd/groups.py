@@ -7,8 +7,8 @@ As numba loops (the scales 16 at a time and the last n mod 16 one by one; the su
 stored, then loaded and added lane by lane) these cost a thread ~11 cycles a row on the
 Xeon (family 6 model 167), against ~1.5 a row's block of 32 inside the loop: 40% more
 on a 576-column row (SmolLM2-135M), 11% on a 2048-column one (DEVELOPERS.md). A row's 4
-lanes are added in sum4's order, and the decode kernels and the few-vector ones call
-these same functions, so they agree bit for bit."""
+lanes are added ((a0 + a1) + a2) + a3, and the decode kernels and the few-vector ones
+call these same functions, so they agree bit for bit."""
 
 from __future__ import annotations
 
@@ -57,8 +57,10 @@ def masked_store(builder, value, ptr, mask) -> None:
 
 def _quarters(builder, v, lanes):
     """((v[l0] + v[l1]) + v[l2]) + v[l3] for each of 4 outputs, lanes(k) giving output
-    i's k-th lane as a list over i; each add with nsz only, so that nothing reorders it
-    (numba gives float operations without flags `reassoc`: see scalar.sum4)."""
+    i's k-th lane as a list over i; each add with a flag of its own, nsz, which allows no
+    reordering: numba gives every float operation without flags the kernels' `reassoc`
+    (numba.core.fastmathpass), and LLVM once vectorized a copy of such a sum as
+    (a0 + a1) + (a2 + a3), 1-2 ulp from decode's (docs/performance.md)."""
     parts = [shuffle(builder, v, v, lanes(k)) for k in range(4)]
     total = builder.fadd(parts[0], parts[1], flags=["nsz"])
     total = builder.fadd(total, parts[2], flags=["nsz"])
@@ -110,8 +112,8 @@ def group_scales16(typingctx, scales, mins, at, xd4, xs4, sc, corr):
 
 @intrinsic
 def put_sums4(typingctx, acc, at, extra, out, r0, nrows, add):
-    """out[r0 + i] (=, or += when add) sum4(acc, at + 4 i) + extra[i] for i < nrows (at
-    most 4): the 4 lanes of row i added ((a0 + a1) + a2) + a3, as scalar.sum4 adds them.
+    """out[r0 + i] (=, or += when add) the 4 lanes acc[at + 4 i:][:4] + extra[i] for
+    i < nrows (at most 4): the lanes of row i added ((a0 + a1) + a2) + a3.
     float32, C-contiguous; out's lanes past nrows untouched."""
 
     def codegen(context, builder, sig, args):

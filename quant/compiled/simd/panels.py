@@ -113,10 +113,6 @@ def guarded(builder, ok, ptr, safe, vt):
     return builder.select(ok, value, ir.Constant(vt, None))
 
 
-def half_at(builder, ptr):
-    return builder.fpext(builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer())), F32)
-
-
 def write_panel(builder, columns: list, dst, sub0, dms: list, dm, fill):
     """Store 16 transposed code vectors (<16 x i32>: column c is sub-block sub0 + c // 4,
     run c % 4) and, per sub-block sub0 + k of `dms`, D and M (<16 x float> each); `fill`
@@ -130,10 +126,6 @@ def write_panel(builder, columns: list, dst, sub0, dms: list, dm, fill):
         at = builder.mul(builder.add(sub0, const(k)), const(32))
         store(builder, d, builder.gep(dm, [at]))
         store(builder, m, builder.gep(dm, [builder.add(at, const(16))]))
-
-
-def _panel_args(context, builder, sig, args, names):
-    return {n: (sig.args[i], args[i]) for i, n in enumerate(names)}
 
 
 def group_vectors(builder, base, g0, gvalid, width, at, vt):

@@ -171,27 +171,6 @@ def field(typingctx, byte, shift, mask):
 
 
 @intrinsic
-def sum4(typingctx, a, i):
-    """((a[i] + a[i+1]) + a[i+2]) + a[i+3] for a 1-D float32 array, in exactly that order
-    wherever it is inlined: the 4 lanes of a row's sum, added alike by decode's kernels
-    and the few-vector ones. Each add carries one fast-math flag of its own, nsz, which
-    allows no reordering: numba gives every float operation without flags the kernels'
-    `reassoc` (numba.core.fastmathpass), and LLVM then vectorized one copy of this sum
-    (vector 0 of the 4-vector q8_0 loop) as (a0 + a1) + (a2 + a3): 1-2 ulp apart from
-    decode's, on the Xeon with AVX-512 FP16."""
-
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = [builder.add(args[1], ir.Constant(args[1].type, k)) for k in range(4)]
-        lanes = [builder.load(builder.gep(data, [j])) for j in at]
-        total = builder.fadd(lanes[0], lanes[1], flags=["nsz"])
-        total = builder.fadd(total, lanes[2], flags=["nsz"])
-        return builder.fadd(total, lanes[3], flags=["nsz"])
-
-    return types.float32(a, types.intp), codegen
-
-
-@intrinsic
 def pointer_to(typingctx, a, i):
     """A typed pointer to a.flat[i] (a C-contiguous)."""
 
