@@ -9,14 +9,13 @@ from tests.helpers import SP_CORPUS, build_hf_model
 def pytest_configure(config: pytest.Config) -> None:
     """On several workers (scripts/test.sh: two), each worker's threads take its share of
     the cores: BLAS's, torch's and the compiled kernels' (whose teams spin at their
-    barriers), and those of the processes it starts. Two workers of two threads each on
+    barriers), and the BLAS of the processes it starts. Two workers of two threads each on
     two cores left a spinning thread waiting for one the other worker's had displaced.
     A test that sets its threads (numba.set_num_threads) still gets what it asks for."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers and not os.environ.get("LLAMA_NP_TEST_ALL_THREADS"):
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         from tests.helpers import share_cores
 
-        share_cores(workers)
+        share_cores()
 
 
 # The files that cost the most (one worker's seconds, `pytest --durations`), dearest first:

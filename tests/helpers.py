@@ -512,19 +512,27 @@ class CompilerCheck:
         Path(f"{self.mark}{part}").write_text("passed\n")
 
 
-def share_cores(workers: int) -> None:
-    """This process's threads limited to its share of the usable cores among `workers`
-    processes (tests/conftest.py's pytest_configure): BLAS's, torch's once imported (and
-    a started process's BLAS), numba's. numba's own NUMBA_NUM_THREADS is left as it is:
-    the tests that ask for more threads than the share get them, and numba refuses a
-    changed one once its threads run."""
+def cores_share() -> int:
+    """The usable cores over the test workers (pytest-xdist's PYTEST_XDIST_WORKER_COUNT;
+    all of them in one process)."""
+    import os
+
+    from quant.host import usable_cores
+
+    return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+
+
+def share_cores() -> None:
+    """This process's threads limited to its share of the usable cores (cores_share;
+    tests/conftest.py's pytest_configure): BLAS's, torch's once imported (and a started
+    process's BLAS), numba's. numba's own NUMBA_NUM_THREADS is left as it is: the tests
+    that ask for more threads than the share get them, and numba refuses a changed one
+    once its threads run. Loading a model sets numba's threads to its own count again."""
     import os
 
     from threadpoolctl import threadpool_limits
 
-    from quant.host import usable_cores
-
-    n = max(1, usable_cores() // workers)
+    n = cores_share()
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(n)
     threadpool_limits(n)  # this process's BLAS (already loaded with NumPy)

@@ -17,6 +17,7 @@ from bench.probe import Caches, Probe
 from bench.runner import Settings, Variant, rehold, run
 from bench.sol import estimate, prefill
 from llama_arch import Config
+from tests.helpers import cores_share
 
 MIB = 1 << 20
 TINY = Config("llama", 64, 2, 4, 2, 32, 128, 100, name="tiny")
@@ -104,11 +105,10 @@ def test_probe_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_mod, "cache_dir", lambda: tmp_path)  # kernels: the usual cache
     monkeypatch.setattr(Caches, "read", classmethod(lambda cls: Caches(512 << 10, 4 * MIB, 2)))
     monkeypatch.setattr(probe_mod, "DRAM_FLOOR", 16 * MIB)  # 8 x the L3 here sets the top
-    import numba
-
-    # this worker's threads (tests/conftest.py: its share of the cores): a parallel kernel
-    # of more threads than that waits at every call for one the other worker displaced
-    n = numba.get_num_threads()
+    # this worker's share of the cores (tests/conftest.py): a parallel kernel of more
+    # threads than that waited at every call for one the other worker displaced (0.03-0.07
+    # GB/s at 256 KiB)
+    n = cores_share()
     p = probe_mod.run_probe(n, progress=False)  # sizes up to 32 MiB here: a few seconds
     assert p.sizes[0] == 256 << 10 and p.sizes[-1] == 32 * MIB  # 8 x the L3: above the floor
     assert all(g > 0.1 for g in p.sgemv_gbs + p.reduce_gbs) and p.sgemm_gflops > 1
