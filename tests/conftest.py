@@ -10,7 +10,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """On several workers (scripts/test.sh: two), each worker's threads take its share of
     the cores: BLAS's, torch's and the compiled kernels' (whose teams spin at their
     barriers), and the BLAS of the processes it starts. Two workers of two threads each on
-    two cores left a spinning thread waiting for one the other worker's had displaced.
+    two cores left a spinning thread waiting for one the other worker had displaced.
     A test that sets its threads (numba.set_num_threads) still gets what it asks for."""
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         from tests.helpers import share_cores
