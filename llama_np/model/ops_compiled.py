@@ -149,7 +149,9 @@ class PackedLayers:
         self.mixing, self._vectors = mixing_of(blocks, c)
         scalars = [b.layer_scalar for b in blocks if b.layer_scalar is not None]
         self.scalars = np.concatenate(scalars).astype(np.float32) if scalars else NO_VECTOR
-        self.ple_dim = c.ple_dim
+        # each layer's room for its per-layer input's gate product, then its input: made
+        # once, refilled each step (per_layer); (L, 0) for a family without
+        self._inputs = np.zeros((len(blocks), 2 * c.ple_dim), np.float32)
         self.phase_names = (layers.MOE_PHASE_NAMES if self.experts[0] else
                             layers.LAYERED_PHASE_NAMES if c.ple_dim or scalars else
                             layers.PHASE_NAMES)  # fmt: skip
@@ -188,11 +190,9 @@ class PackedLayers:
         """decode_layers' `per_layer` for a token's per-layer inputs ple (1, layers, ple_dim)
         (None: a model without): each layer's room for its gate's product, then its input;
         and the layers' scalars."""
-        if ple is None:
-            return np.zeros((len(self.plan), 0), np.float32), self.scalars
-        inputs = np.empty((len(self.plan), 2 * self.ple_dim), np.float32)
-        inputs[:, self.ple_dim :] = ple[0]
-        return inputs, self.scalars
+        if ple is not None:
+            self._inputs[:, ple.shape[2] :] = ple[0]
+        return self._inputs, self.scalars
 
 
 def rows_of(vectors: list) -> np.ndarray:
