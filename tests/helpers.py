@@ -469,7 +469,7 @@ def backends_and_prompts(metafunc, prompts: list[str]) -> None:
 
 
 class CompilerCheck:
-    """A check of what the compiler makes of the kernels (their LLVM code, the bits of two
+    """A check of what the compiler makes of the kernels (their types, the bits of two
     compile orders), which takes minutes of compiling anew and whose outcome is fixed by
     the kernels' sources, numba's version (the kernel cache's key), this CPU and the test
     files it names. It runs on every run and records its pass; a contributor's repeated

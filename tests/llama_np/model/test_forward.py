@@ -54,7 +54,7 @@ def _check_rotary(rot, seen):
 def test_every_intermediate_is_float32(gqa_dir, monkeypatch, kernels):
     """Each operation the forward pass calls, each kernel and each cache read is checked
     on the way in and out: one float64 array fails the test. (Inside compiled kernels the
-    same holds by construction: tests/quant/test_compiled.py reads their LLVM code.)"""
+    same holds by construction: tests/quant/test_compiled.py reads their types.)"""
     llm = llama_np.load(gqa_dir[0], kernels=kernels)
     seen: list[str] = []
     guard_model(llm.model, seen, monkeypatch)
