@@ -2,7 +2,7 @@
 text `generate` gives it alone (greedy, or the same seed), however many run beside it;
 streams, chat, stop strings, n; a client that goes away frees its slot; bad input gets
 OpenAI's error shape; /metrics parses as Prometheus text and its speed-of-light figures
-are the model's; 1,000 requests leave memory and threads as they were; SIGTERM drains."""
+are the model's; 300 requests leave memory and threads as they were; SIGTERM drains."""
 
 from __future__ import annotations
 
@@ -256,7 +256,10 @@ def test_the_queue_full_gets_503_with_retry_after(live):
     assert httpx.get(live.url + "/health").json()["slots_processing"] == 0
 
 
-def test_a_thousand_short_requests_leave_memory_and_threads_as_they_were(live):
+def test_300_short_requests_leave_memory_and_threads_as_they_were(live):
+    """On the compiled backend, in process (test_serve_soak: a server process on NumPy's,
+    RSS within 5%)."""
+
     def short(i: int) -> int:
         r = client.post("/v1/completions", json={"model": "smollm2", "prompt": PROMPTS[i % 16],
                                                   "max_tokens": 1})  # fmt: skip
@@ -267,10 +270,11 @@ def test_a_thousand_short_requests_leave_memory_and_threads_as_they_were(live):
             short(i)
         threads, rss = threading.active_count(), rss_mb()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(short, range(1000)))
-    assert codes == [200] * 1000
+            codes = list(pool.map(short, range(300)))
+    assert codes == [200] * 300
     assert threading.active_count() == threads
-    assert rss_mb() - rss < 64, f"RSS grew {rss_mb() - rss:.0f} MB over 1,000 requests"
+    grew = rss_mb() - rss  # seen: 4.8 MB
+    assert grew < 32, f"RSS grew {grew:.0f} MB over 300 requests"
 
 
 def test_sigterm_finishes_the_running_request_and_exits_0(smollm2_path, tmp_path):
