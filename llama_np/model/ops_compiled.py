@@ -156,6 +156,8 @@ class PackedLayers:
                             layers.LAYERED_PHASE_NAMES if c.ple_dim or scalars else
                             layers.PHASE_NAMES)  # fmt: skip
         self.attends = int(np.argmin(self.mixing[0] != layers.ATTENTION))  # a layer that does
+        self.weights = layers.Weights(self.table.rows, self.table.factors, self.plan, self.norms,
+                                      self.biases)  # fmt: skip
         self._kv: weakref.WeakKeyDictionary[KVCache, np.ndarray] = weakref.WeakKeyDictionary()
 
     @staticmethod
@@ -318,17 +320,16 @@ class CompiledOps(NumpyOps):
         if packed is None or x.shape[0] != 1:
             return False
         keys, values = cache.arrays(packed.attends)
-        t = packed.table
         cos, sin = layer_angles(rots)
         slots = np.array([-1 if cache.shares(i) else s.slot for i, s in enumerate(spans)],
                          np.int64)  # (a shared KV layer appends nothing)  # fmt: skip
         n_keys = np.array([s.n_keys for s in spans], np.int64)
         threads = self.team or numba.get_num_threads()
-        sync = layers.decode_layers(x[0], t.rows, t.factors, packed.plan, packed.norms,
-                                    packed.biases, np.float32(c.norm_eps), packed.form, cos,
-                                    sin, packed.spec, keys, values, packed.kv_addresses(cache),
-                                    slots, n_keys, self.ints, threads, packed.experts,
-                                    packed.routers, chosen, packed.mixing,
+        stores = layers.Stores(keys, values, packed.kv_addresses(cache), slots, n_keys)
+        moe = layers.Experts(packed.experts, packed.routers, chosen)
+        sync = layers.decode_layers(x[0], packed.weights, np.float32(c.norm_eps), packed.form,
+                                    layers.Angles(cos, sin, packed.spec), stores, self.ints,
+                                    threads, moe, packed.mixing,
                                     packed.per_layer(ple))  # fmt: skip
         self.last_step = (sync, threads, packed.phase_names, packed.mixing[0])
         return True
@@ -383,13 +384,14 @@ class CompiledOps(NumpyOps):
         angles = [layer_angles(r) for r in rots]  # per sequence
         cos = np.stack([a[0] for a in angles], axis=1)  # (L, B, rotary / 2)
         sin = np.stack([a[1] for a in angles], axis=1)
-        t, threads = packed.table, self.team or numba.get_num_threads()
-        sync = fewlayers.decode_few(x, tuple(range(x.shape[0])), t.rows, t.factors,
-                                    packed.plan, packed.norms, packed.biases,
-                                    np.float32(c.norm_eps), packed.form, cos, sin, packed.spec,
-                                    *caches[0].arrays(packed.attends),
-                                    np.stack([at for _, at in layouts], axis=1), kind, slots,
-                                    ns, self.ints, threads, packed.mixing)  # fmt: skip
+        threads = self.team or numba.get_num_threads()
+        stores = layers.Stores(*caches[0].arrays(packed.attends),
+                               np.stack([at for _, at in layouts], axis=1), slots,
+                               ns)  # fmt: skip
+        sync = fewlayers.decode_few(x, tuple(range(x.shape[0])), packed.weights,
+                                    np.float32(c.norm_eps), packed.form,
+                                    layers.Angles(cos, sin, packed.spec), stores, kind, self.ints,
+                                    threads, packed.mixing)  # fmt: skip
         self.last_step = (sync, threads, layers.PHASE_NAMES, packed.mixing[0])
         return True
 

@@ -39,6 +39,8 @@ from .layers import (
     Q8_0,
     ROWS,
     V_DIM,
+    Angles,
+    Stores,
     attention_shape,
     batch_task,
     batch_tasks,
@@ -235,13 +237,16 @@ def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
 
 
 @kernel
-def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
-           spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
-           tasks1, mixing, mixer_bufs, q_dim):  # fmt: skip
-    """One thread's walk through every phase of every layer (decode_few); tasks0, tasks1:
-    the attention's tasks laid out for the spans slots[0], ns[0] and slots[1], ns[1]; qkv,
-    gate_up: flat, room for the widest layer's."""
+def member(sync, threads, x, vs, weights, eps, form, angles, stores, kind, ints, mixing, bufs,
+           q_dim):  # fmt: skip
+    """One thread's walk through every phase of every layer (decode_few); bufs: (qkv,
+    gate_up: flat, room for the widest layer's; y; tasks0, tasks1: the attention's tasks
+    laid out for the spans slots[0], ns[0] and slots[1], ns[1]; mixer_scratch's, B times)."""
     start(sync)  # the step's start (team.phase_seconds)
+    rows, factors, plan, norms, biases = weights
+    cos, sin, spec = angles
+    keys, values, kv_at, slots, ns = stores
+    qkv, gate_up, y, tasks0, tasks1, mixer_bufs = bufs
     nb, dim, hd = x.shape[0], x.shape[1], values[0].shape[2]
     kinds, mix_at, dims = mixing[0], mixing[1], mixing[2]
     wide = widest(rows, plan, 0)
@@ -289,19 +294,19 @@ def member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, 
 
 
 @kernel(parallel=True)
-def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
-               values, kv_at, kind, slots, ns, ints, threads, mixing):  # fmt: skip
+def decode_few(x, vs, weights, eps, form, angles, stores, kind, ints, threads, mixing):
     """The decoder blocks of one decode step of B sequences on their residual streams x
-    (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). cos, sin
-    (L, B, rotary / 2): each layer's RoPE angle of each token; kv_at (L, B, arrays of
-    both): each layer's KV stores of each sequence at their addresses (a recurrent layer's:
-    the sequence's state's conv and s; every sequence's stores have the first attending
-    layer's shapes and format: keys, values); kind (L,): which
-    of the (at most two) spans a layer's attention takes, slots, ns (2, B): where each
-    sequence appends and how many keys it attends in that span (a window's layers, the
-    others). The rest as layers.decode_layers takes it, and the same `sync` returned: each
+    (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). angles:
+    cos, sin (L, B, rotary / 2): each layer's RoPE angle of each token. stores: kv_at (L,
+    B, arrays of both): each layer's KV stores of each sequence at their addresses (a
+    recurrent layer's: the sequence's state's conv and s; every sequence's stores have
+    the first attending layer's shapes and format: keys, values); slots, n_keys (2, B):
+    where each sequence appends and how many keys it attends in each of (at most) two
+    spans (a window's layers, the others); kind (L,): which span a layer's attention
+    takes. The rest as layers.decode_layers takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
-    nb, n_kv, dims = x.shape[0], values[0].shape[0], mixing[2]
+    nb, rows, plan, ns = x.shape[0], weights.rows, weights.plan, stores.n_keys
+    n_kv, dims = stores.values[0].shape[0], mixing[2]
     qkv = np.empty(nb * widest(rows, plan, 0), np.float32)
     gate_up = np.empty(nb * widest(rows, plan, 2), np.float32)
     y = np.empty_like(x)
@@ -313,8 +318,10 @@ def decode_few(x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin, s
                   np.empty(nb * conv_qkv.shape[0], np.float32),
                   np.empty(nb * bx.shape[0], np.float32))  # fmt: skip
     sync = np.zeros((PHASES * plan.shape[0] + 1, LINE), np.int64)
-    for _ in prange(threads):
-        member(sync, threads, x, vs, rows, factors, plan, norms, biases, eps, form, cos, sin,
-               spec, keys, values, kv_at, kind, slots, ns, ints, qkv, gate_up, y, tasks0,
-               tasks1, mixing, mixer_bufs, q_dim)  # fmt: skip
+    cos, sin, spec = angles
+    keys, values, kv_at, slots, ns = stores
+    for _ in prange(threads):  # (the groups made again in the loop: layers.IN_THE_LOOP)
+        member(sync, threads, x, vs, weights, eps, form, Angles(cos, sin, spec),
+               Stores(keys, values, kv_at, slots, ns), kind, ints, mixing,
+               (qkv, gate_up, y, tasks0, tasks1, mixer_bufs), q_dim)  # fmt: skip
     return sync

@@ -63,6 +63,60 @@ class Table(NamedTuple):
     keep: list[np.ndarray]
 
 
+# IN_THE_LOOP: numba hands a parallel loop a tuple's fields one by one, and a field that is
+# itself a tuple (Angles' spec, Stores' keys) fails there ("scalar type ... given for non
+# scalar argument"): a parallel kernel unpacks such a group before its loop and makes it
+# again inside.
+class Weights(NamedTuple):
+    """decode_layers' weights: the table's `rows` and `factors` (Table), `plan` (L, 6, 2):
+    per layer, the table rows of its products qkv (a recurrent mixer's input projection),
+    o, gate_up, down, and gemma4's per-layer input's gate and projection (empty where a
+    family has none); `norms` (L, 5, dim): the norms before attention and the MLP, after
+    them, and after the per-layer input (rows a family lacks: unread); `biases` (L, qkv
+    rows) or (L, 0)."""
+
+    rows: np.ndarray
+    factors: np.ndarray
+    plan: np.ndarray
+    norms: np.ndarray
+    biases: np.ndarray
+
+
+class Angles(NamedTuple):
+    """A step's rotary angles, `cos` and `sin` (one sequence: (L, widest rotary / 2), each
+    layer's first shapes[i, HALF]; B sequences: (L, B, rotary / 2)), and the attention's
+    `spec` (attention.spec_of, its norms stacked by layer: (L, n), its scale (L,))."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    spec: tuple
+
+
+class Stores(NamedTuple):
+    """The KV stores a step reads and appends to: `keys`, `values` (the arrays of a layer
+    that attends: their format and shapes), `kv_at` (L, arrays of both; B sequences: (L,
+    B, ...)): each layer's stores at their addresses (a recurrent layer's row: its state's
+    conv and s; a shared KV layer's: its source's), `slots`, `n_keys`: where each layer
+    appends (-1: nothing) and how many keys it attends ((L,); B sequences: (2, B) by span)."""
+
+    keys: tuple
+    values: tuple
+    kv_at: np.ndarray
+    slots: np.ndarray
+    n_keys: np.ndarray
+
+
+class Experts(NamedTuple):
+    """A mixture of experts: `spec` (E, k, whether the k weights are renormalized)
+    (moe_spec; E = 0: none), `routers` (L, 2): each layer's router's table row and the
+    table rows from one expert to the next (plan[i, 2:4]: expert 0's gate_up and down),
+    `chosen` (L, k): where the step writes the experts each layer chose."""
+
+    spec: np.ndarray
+    routers: np.ndarray
+    chosen: np.ndarray
+
+
 def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -472,13 +526,17 @@ def experts_product(sync, k, threads, rows, factors, p0, p1, sel, stride, xs, sh
 
 
 @kernel(inline=True)
-def mlp_of_experts(sync, k, threads, rows, factors, p, router, stride, x, norm, eps, pre, gate,
-                   experts, logits, sel, w, gate_ups, outs, post_norm, scale, y, none, buf,
-                   ints, chosen):  # fmt: skip
+def mlp_of_experts(sync, k, threads, rows, factors, p, router, x, y, norms, eps, form, routing,
+                   chosen, none, buf, ints):  # fmt: skip
     """Phases k on of a mixture of experts' MLP: the router's product (every thread then
     chooses the same k experts from its logits: ops.route), the chosen experts' gate_up
     products, their down products (expert e's table rows: expert 0's, p, plus e stride),
-    their weighted sum added to x."""
+    their weighted sum added to x. router: the router's table row and that stride; norms:
+    the norm before the MLP and after it; routing: (Experts.spec, the router's logits, the
+    chosen experts and their weights, their gate_up and down outputs)."""
+    stride, router, (norm, post_norm) = router[1], router[0], norms
+    pre, gate, _, scale = form
+    experts, logits, sel, w, gate_ups, outs = routing
     product(sync, k, threads, rows, factors, router, router + 1, x, norm, eps, pre, False,
             logits, none, buf, ints)  # fmt: skip
     route(logits, experts[1], experts[2], sel, w)
@@ -701,11 +759,12 @@ def attention_input(h, shape, n_kv, eps, gated, own, gate):
 
 
 @kernel(inline=True)
-def attention_phase(sync, k, h, i, eps, cos, sin, spec, keys, values, kv_at, slots, n_keys,
-                    flat, mixing, own, gate, att):  # fmt: skip
+def attention_phase(sync, k, h, i, eps, angles, stores, flat, mixing, own, gate, att):
     """Phase k, layer i's attention on its qkv product h, combined into att's first q_dim
     (returned), each array shaped by the layer's row of mixing's shapes: its head_dim, its
     stores at their addresses (kv_at[i]), its angles, its norms and scale."""
+    cos, sin, spec = angles
+    keys, values, kv_at, slots, n_keys = stores
     shape, nk, n_kv = mixing[5][i], len(keys), values[0].shape[0]
     hd, q_dim, half = shape[HEAD_DIM], shape[Q_DIM], shape[HALF]
     gated = mixing[2][GATED] != 0  # qwen3_5: each head's q then its gate
@@ -723,11 +782,15 @@ def attention_phase(sync, k, h, i, eps, cos, sin, spec, keys, values, kv_at, slo
 
 
 @kernel
-def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
-           keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts, routers,
-           logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim, per_layer):  # fmt: skip
-    """One thread's walk through every phase of every layer (decode_layers)."""
+def member(sync, threads, x, weights, eps, form, angles, stores, ints, moe, mixing, per_layer,
+           bufs, q_dim):  # fmt: skip
+    """One thread's walk through every phase of every layer (decode_layers); bufs: the
+    step's shared buffers (qkv, gate_up, y, attention's pieces, the router's logits, the
+    experts' gate_up and down outputs, mixer_scratch's)."""
     start(sync)  # the step's start (team.phase_seconds)
+    rows, factors, plan, norms, biases = weights
+    qkv, gate_up, y, flat, logits, gate_ups, outs, mixer_bufs = bufs
+    experts = moe.spec
     kinds, mix_at, dims, shapes = mixing[0], mixing[1], mixing[2], mixing[5]
     n = max(x.shape[0], gate_up.shape[0] // 2, q_dim, mixer_bufs[0].shape[0],
             per_layer[0].shape[1])  # fmt: skip
@@ -748,21 +811,21 @@ def member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos,
         product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
                 False, h, biases[i], buf, ints)  # fmt: skip
         if kind == ATTENTION:
-            mixed = attention_phase(sync, k + 1, h, i, eps, cos, sin, spec, keys, values, kv_at,
-                                    slots, n_keys, flat, mixing, qv, gate, att)  # fmt: skip
+            mixed = attention_phase(sync, k + 1, h, i, eps, angles, stores, flat, mixing, qv,
+                                    gate, att)  # fmt: skip
         else:  # a recurrent mixer: its state's addresses in the layer's row of kv_at
-            mixer_phase(sync, k + 1, kind, h, mixing, mix_at[i], kv_at[i], eps, x.shape[0],
-                        mixer_bufs)  # fmt: skip
+            mixer_phase(sync, k + 1, kind, h, mixing, mix_at[i], stores.kv_at[i], eps,
+                        x.shape[0], mixer_bufs)  # fmt: skip
             mixed = mixer_bufs[0][: mixer_width(kind, dims, x.shape[0])]
         product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0], eps,
                 PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
         if experts[0]:
-            mlp_of_experts(sync, k + 4, threads, rows, factors, p, routers[i, 0], routers[i, 1],
-                           x, norms[i, 1], eps, pre, gate_mode, experts, logits, sel, w,
-                           gate_ups, outs, norms[i, 3, :post_n], scale, y, none, buf, ints,
-                           chosen[i])  # fmt: skip
+            mlp_of_experts(sync, k + 4, threads, rows, factors, p, moe.routers[i], x, y,
+                           (norms[i, 1], norms[i, 3, :post_n]), eps, form,
+                           (experts, logits, sel, w, gate_ups, outs), moe.chosen[i], none, buf,
+                           ints)  # fmt: skip
             continue
         g = gate_up[: out_rows(rows, p[2, 0], p[2, 1])]  # (gemma4's layers: widths differ)
         product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
@@ -811,55 +874,40 @@ def mixer_scratch(kinds, dims, dim):
 
 
 @kernel(parallel=True)
-def decode_layers(x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec, keys,
-                  values, kv_at, slots, n_keys, ints, threads, experts, routers, chosen,
-                  mixing, per_layer):  # fmt: skip
+def decode_layers(x, weights, eps, form, angles, stores, ints, threads, moe, mixing, per_layer):
     """The decoder blocks of one decode step on the residual stream x (dim,), in place.
-    plan (L, 6, 2): per layer, the table rows of its products qkv (a recurrent mixer's
-    input projection), o, gate_up, down, and gemma4's per-layer input's gate and
-    projection (empty where a family has none);
-    norms (L, 5, dim): the norms before attention and the MLP, after them, and after the
-    per-layer input (rows a family lacks: unread); biases (L, qkv rows) or (L, 0); form:
+    weights, angles, stores, moe: Weights, Angles, Stores, Experts (one sequence's). form:
     (the prologue before attention and the MLP, NORM or PLAIN; the MLP's gate, SWIGLU or
-    GEGLU; whether the sub-blocks' outputs are normed; the residual multiplier); cos, sin
-    (L, widest rotary / 2): each layer's RoPE angle (its first shapes[i, HALF]); spec:
-    the attention's (attention.spec_of, its norms stacked by layer: (L, n), its scale
-    (L,)); keys, values: the KV stores of a layer that attends (their format; each
-    layer's head_dim is its own), and kv_at (L, arrays of both): every layer's at its
-    addresses (a recurrent layer's row: its state's conv and s; a shared KV layer's: its
-    source's, its slot -1: it appends nothing); slots, n_keys (L,): each layer's span.
-    mixing: (kinds (L,): each layer's mixer, ATTENTION, DELTA or CONV; at (L, 4): a
-    recurrent layer's convolution, dt_bias, a and norm at their addresses; dims (7,):
+    GEGLU; whether the sub-blocks' outputs are normed; the residual multiplier). mixing:
+    (kinds (L,): each layer's mixer, ATTENTION, DELTA or CONV; at (L, 4): a recurrent
+    layer's convolution, dt_bias, a and norm at their addresses; dims (7,):
     K_HEADS...GATED; heads (Hv,): the key head of each value head; scale: q's, float32;
     shapes (L, 6): each layer's attention shape, HEAD_DIM...K_NORMS). per_layer: gemma4's
     (inputs (L, 2 ple_dim): each layer's room for its gate's product, then its per-layer
     input; scalars (L,): each layer's output times it; (L, 0) and (0,): none). Each layer
     as llama_np.model.transformer.Transformer._layers runs it; the buffers are sized by
-    the widest layer. A mixture of experts: experts = (E, k, whether the k weights are
-    renormalized) (moe_spec; E = 0: none), routers (L, 2): each layer's router's table
-    row and the table rows from one expert to the next, plan[i, 2:4] expert 0's gate_up
-    and down; the experts each layer chose are written into chosen (L, k). One parallel
-    loop, one iteration per thread (team.py): the phases share work through `sync`'s
-    counters. `threads`: numba.get_num_threads() (asked inside, it would keep the kernel
-    out of the disk cache). Returns `sync`: each phase's row (layer i's phases from
-    phases_of(experts, per_layer) i), then the step's start, with their clocks
-    (team.phase_seconds)."""
-    kinds, dims = mixing[0], mixing[2]
+    the widest layer. One parallel loop, one iteration per thread (team.py): the phases
+    share work through `sync`'s counters. `threads`: numba.get_num_threads() (asked
+    inside, it would keep the kernel out of the disk cache). Returns `sync`: each phase's
+    row (layer i's phases from phases_of(moe.spec, per_layer) i), then the step's start,
+    with their clocks (team.phase_seconds)."""
+    rows, plan, experts, kinds, dims = weights.rows, weights.plan, moe.spec, mixing[0], mixing[2]
     qkv = np.empty(widest(rows, plan, 0), np.float32)
     gate_up = np.empty(widest(rows, plan, 2), np.float32)
     y = np.empty(x.shape[0], np.float32)
     q_dim, hd = attention_shape(kinds, mixing[5])
-    flat = pieces_scratch(q_dim // hd, n_keys.max(), hd)
+    flat = pieces_scratch(q_dim // hd, stores.n_keys.max(), hd)
     mixer_bufs = mixer_scratch(kinds, dims, x.shape[0])
     sync = np.zeros((phases_of(experts, per_layer) * plan.shape[0] + 1, LINE), np.int64)
     logits = np.empty(experts[0], np.float32)
     gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
     outs = np.empty((experts[1], x.shape[0]), np.float32)
-    for _ in prange(threads):
-        member(sync, threads, x, rows, factors, plan, norms, biases, eps, form, cos, sin, spec,
-               keys, values, kv_at, slots, n_keys, ints, qkv, gate_up, y, flat, experts,
-               routers, logits, gate_ups, outs, chosen, mixing, mixer_bufs, q_dim,
-               per_layer)  # fmt: skip
+    cos, sin, spec = angles
+    keys, values, kv_at, slots, n_keys = stores
+    for _ in prange(threads):  # (the groups made again in the loop: see IN_THE_LOOP)
+        member(sync, threads, x, weights, eps, form, Angles(cos, sin, spec),
+               Stores(keys, values, kv_at, slots, n_keys), ints, moe, mixing, per_layer,
+               (qkv, gate_up, y, flat, logits, gate_ups, outs, mixer_bufs), q_dim)  # fmt: skip
     return sync
 
 
@@ -877,11 +925,11 @@ def plain(layers: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((layers, 0), np.float32), np.zeros(0, np.float32)
 
 
-DENSE = np.zeros(3, np.int64)  # decode_layers' `experts` for a model without
+DENSE = np.zeros(3, np.int64)  # Experts.spec for a model without
 
 
 def moe_spec(n_experts: int, k: int, renormalize: bool) -> np.ndarray:
-    """decode_layers' `experts`: (E, k, renormalize), or DENSE."""
+    """Experts.spec: (E, k, renormalize), or DENSE."""
     return np.array([n_experts, k, renormalize], np.int64) if n_experts > 1 else DENSE
 
 
@@ -897,9 +945,9 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     cos = np.ones((1, hd // 2), np.float32)
     none = np.zeros((1, 0), np.float32)
     spec = attention.spec_of(none, none, 1e-5, np.ones(1, np.float32), 0.0)
-    decode_layers(np.ones(dim, np.float32), t.rows, t.factors, plan,
-                  np.ones((1, 5, dim), np.float32), none, np.float32(1e-5),
-                  (NORM, SWIGLU, False, np.float32(1)), cos, cos * 0, spec, keys, values, kv_at,
-                  np.zeros(1, np.int64), np.ones(1, np.int64), 0, 1, DENSE,
-                  np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64),
-                  attending(1, hd, hd // 2), plain(1))  # fmt: skip
+    weights = Weights(t.rows, t.factors, plan, np.ones((1, 5, dim), np.float32), none)
+    stores = Stores(keys, values, kv_at, np.zeros(1, np.int64), np.ones(1, np.int64))
+    moe = Experts(DENSE, np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64))
+    decode_layers(np.ones(dim, np.float32), weights, np.float32(1e-5),
+                  (NORM, SWIGLU, False, np.float32(1)), Angles(cos, cos * 0, spec), stores, 0, 1,
+                  moe, attending(1, hd, hd // 2), plain(1))  # fmt: skip
