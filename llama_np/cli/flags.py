@@ -221,6 +221,7 @@ SERVE_ARGS = [
     WINDOW_ARG,
     KV_ARG,
     (("--chunk",), dict(type=positive_int, default=512, help="prompt tokens prefilled between two decode steps (default: %(default)s)")),
+    (("--no-cache-prompt",), dict(dest="cache_prompt", action="store_false", help="prefill every prompt whole; by default a request keeps what its slot's cache holds of its prompt's beginning (llama-server's cache_prompt)")),
     (("--max-queue",), dict(type=int, default=64, help="requests that may wait for a slot; more get 503 and Retry-After (default: %(default)s)")),
     (("--shutdown-timeout",), dict(type=float, default=10.0, help="seconds running requests get to finish after SIGTERM or ^C before they are cancelled (default: %(default)s)")),
     (("--api-key",), dict(metavar="KEY", help="every /v1 route asks 'Authorization: Bearer KEY' (a missing or wrong key: 401); /health and /metrics stay open. Visible to `ps`: prefer $LLAMA_NP_API_KEY or --api-key-file (default: $LLAMA_NP_API_KEY, else no key)")),

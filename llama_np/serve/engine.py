@@ -25,6 +25,7 @@ import numpy as np
 from llama_np.api import LLM
 from llama_np.errors import LlamaNpError
 from llama_np.generation.batch import SequenceState
+from llama_np.generation.chat import common_prefix
 from llama_np.generation.generate import check_logits
 from llama_np.generation.sampling import Sampler, SamplerSettings
 from llama_np.model.kvcache import KVCache
@@ -97,7 +98,8 @@ class Counters:
 
     requests: int = 0  # jobs admitted
     finished: dict[str, int] = field(default_factory=dict)  # by reason
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled
+    prompt_cached: int = 0  # kept from a slot's cache (cache_prompt), not prefilled
     generated: int = 0
     prefill_s: float = 0.0
     steps: dict[int, list[float]] = field(default_factory=dict)  # B -> [n, s, bytes, pos]
@@ -116,13 +118,20 @@ class Engine:
     """The model behind a server: `submit` jobs from any thread; `start`, `stop`."""
 
     def __init__(self, llm: LLM, slots: int, ctx: int, kv: str = "f32", window: int | None = None,
-                 chunk: int = 512, max_queue: int = 64) -> None:  # fmt: skip
+                 chunk: int = 512, max_queue: int = 64,
+                 cache_prompt: bool = True) -> None:  # fmt: skip
         """`slots` sequences of `ctx` positions each (`window`: a sliding window) run
         together; `chunk` prompt tokens are prefilled between two decode steps; beyond
-        `max_queue` waiting requests, `submit` refuses."""
+        `max_queue` waiting requests, `submit` refuses. `cache_prompt`: a new request
+        keeps what its slot's cache holds of its prompt's beginning (the tokens the slot's
+        last sequence read) and prefills only the rest, in the free slot holding the most
+        of it (llama-server's cache_prompt; not where a recurrent state or a ring that
+        wrapped cannot rewind)."""
         self.llm, self.slots, self.ctx, self.kv, self.window = llm, slots, ctx, kv, window
-        self.chunk, self.max_queue = chunk, max_queue
+        self.chunk, self.max_queue, self.cache_prompt = chunk, max_queue, cache_prompt
         self.caches: list[KVCache | None] = [None] * slots  # made on first use, then kept
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # the tokens each cache holds
+        self.released = [-1] * slots  # when each slot was last freed (count of releases)
         self.free = list(range(slots))[::-1]
         self.inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self.waiting: deque[Job] = deque()
@@ -198,24 +207,46 @@ class Engine:
                 self._dequeued()
         self.waiting = kept
         while self.waiting and self.free and not self._stopping:
-            job, slot = self.waiting.popleft(), self.free.pop()
+            job = self.waiting.popleft()
+            slot = self._slot_for(job.prompt)
             self._dequeued()
-            self.seqs.append(Seq(job, slot, self._cache(slot), self.llm))
+            cache, kept = self._cache(slot, job.prompt)
+            seq = Seq(job, slot, cache, self.llm)
+            seq.done_prompt = kept
+            self.seqs.append(seq)
             self.counters.requests += 1
+            self.counters.prompt_cached += kept
         self.counters.running, self.counters.waiting = len(self.seqs), len(self.waiting)
 
     def _dequeued(self) -> None:
         with self._lock:
             self._pending -= 1
 
-    def _cache(self, slot: int) -> KVCache:
-        """The slot's cache, emptied (its arrays are reused: a new sequence overwrites
-        every position before it reads it)."""
+    def _slot_for(self, prompt: list[int]) -> int:
+        """A free slot, taken: the one whose cache holds the most of the prompt's beginning
+        (with cache_prompt), among those the least recently used (a cache of no use to
+        this prompt may be of use to a later one)."""
+        slot = self.free[-1]
+        if self.cache_prompt:
+            slot = max(self.free, key=lambda s: (common_prefix(self.held[s], prompt),
+                                                 -self.released[s]))  # fmt: skip
+        self.free.remove(slot)
+        return slot
+
+    def _cache(self, slot: int, prompt: list[int]) -> tuple[KVCache, int]:
+        """The slot's cache for a new sequence, and how many of the prompt's tokens it
+        already holds: their positions kept (with cache_prompt; the last prompt token is
+        always run again, for its logits), the rest forgotten (its arrays are reused: a
+        new sequence overwrites every position before it reads it)."""
         cache = self.caches[slot]
         if cache is None:
             cache = self.caches[slot] = self.llm.new_cache(self.ctx, self.window, self.kv)
+        keep = min(common_prefix(self.held[slot], prompt), len(prompt) - 1)
+        self.held[slot] = []
+        if self.cache_prompt and keep > 0 and cache.truncate(keep):
+            return cache, keep
         cache.reset()
-        return cache
+        return cache, 0
 
     def _prefill_chunk(self) -> None:
         """Up to `chunk` tokens of the oldest prompt not yet in its cache; the prompt's
@@ -266,6 +297,9 @@ class Engine:
         """The sequence is over: its slot is free for the next job at once."""
         self.seqs.remove(s)
         self.free.append(s.slot)
+        self.released[s.slot] = max(self.released) + 1
+        if reason != "error":  # (a failed step may have left its cache half written)
+            self.held[s.slot] = (list(s.job.prompt) + list(s.run.tokens))[: s.cache.pos]
         self.counters.generated += len(s.run.tokens)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
         if not emitted:

@@ -53,6 +53,8 @@ class Metrics:
             done.add_metric([reason], n)
         yield done
         yield _counter("prompt_tokens", "prompt tokens prefilled", c.prompt_tokens)
+        yield _counter("prompt_tokens_cached", "prompt tokens a slot's cache held already "
+                       "(not prefilled)", c.prompt_cached)  # fmt: skip
         yield _counter("generation_tokens", "tokens generated", c.generated)
         yield _counter("prefill_seconds", "seconds spent prefilling", c.prefill_s)
         yield _gauge("requests_running", "sequences holding a slot", c.running)

@@ -71,7 +71,8 @@ def serve(args: argparse.Namespace, load: Callable[[], LLM]) -> int:
         ctx = min(args.ctx_size or 2048, llm.config.max_seq_len)
         window = args.window  # None: the model's own, per layer
         check_batch_fits(llm.model, args.parallel, ctx, window, args.kv)
-        engine = Engine(llm, args.parallel, ctx, args.kv, window, args.chunk, args.max_queue)
+        engine = Engine(llm, args.parallel, ctx, args.kv, window, args.chunk, args.max_queue,
+                        args.cache_prompt)  # fmt: skip
         engine.warm_up()
         probe = load_probe(args.threads or usable_cores())
         if probe is None:
