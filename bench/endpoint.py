@@ -70,9 +70,12 @@ class Row:
 
 
 def prompt_text(words: int, i: int) -> str:
-    """About `words` tokens of plain words, different for each request `i` (no prefix
-    cache can serve one request's prompt from another's)."""
-    return " ".join(WORDS[(i * 7 + 3 * k + k * k) % len(WORDS)] for k in range(words))
+    """About `words` tokens of plain words, different for each request `i` from the first
+    words on (i's digits in base len(WORDS), the fastest first): no prefix cache (a slot's,
+    llama-server's in RAM) serves one request's prompt from another's beyond a word."""
+    n = len(WORDS)
+    head = [WORDS[i % n], WORDS[i // n % n], WORDS[i // n // n % n]]
+    return " ".join(head + [WORDS[(i * 7 + 3 * k + k * k) % n] for k in range(words - 3)])
 
 
 async def one(client, url: str, body: dict) -> Timing:

@@ -89,3 +89,13 @@ def test_without_the_cache_every_prompt_is_prefilled_whole(llm):
     assert texts[0] == texts[1]
     assert engine.counters.prompt_cached == 0
     assert engine.counters.prompt_tokens == 2 * len(llm.tokenize(FIRST))
+
+
+def test_the_endpoint_benchmarks_prompts_share_no_more_than_a_word():
+    """bench --endpoint's prompts (its warm-up's, and rounds of up to 64 requests) begin
+    differently from their first or second word, so a prompt cache, ours or
+    llama-server's, serves none of them from another (they once repeated every 66)."""
+    from bench.endpoint import prompt_text
+
+    prompts = [prompt_text(32, i) for i in [10_000, *range(1000)]]
+    assert len({tuple(p.split()[:2]) for p in prompts}) == len(prompts)
