@@ -3,8 +3,8 @@
 
 Engines: llama-np in each weight format, on its compiled kernels (numba) and on its NumPy
 kernels; transformers on torch (f32, eager) when
-installed; llama.cpp through llama-cpp-python when installed, on GGUF files written with
-the gguf package from the same weights. Each engine lives in its own process, loaded
+installed; llama.cpp's llama-bench (scripts/llama_cpp.sh) on the native file and on GGUF
+files written with the gguf package from the same weights. Each engine lives in its own process, loaded
 once and kept for the whole run, so no engine's thread pool can disturb another's (an
 idle OpenMP or ggml pool that spins steals a core). They run in interleaved rounds
 (every engine once per round, the others blocked on a pipe), and each ratio to llama-np
@@ -25,6 +25,7 @@ scripts/results.sh runs both for docs/results.md; llama.cpp comes from scripts/l
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -108,25 +109,23 @@ class Transformers(Engine):
         return out.logits[0, -1].numpy()
 
 
-class LlamaCpp(Engine):
-    def __init__(self, gguf: Path, label: str, threads: int, config: Config) -> None:
-        from llama_cpp import Llama
+class LlamaBench(Engine):
+    """llama.cpp's own benchmark, llama-bench (C++, the same source llama-cpp-python
+    vendors; its binding adds ~0.6 ms a token), a run per round: pp of the prompt's length
+    and tg of DECODE_STEPS tokens (from an empty context, where ours decode after the
+    prompt: at 128-192 keys, a little less attention for it)."""
 
-        # built for this CPU without AMX (scripts/llama_cpp.sh): the weight repacking of
-        # its AVX-512 / AVX2 paths stays on, as a user's build has it
-        self.llm = Llama(str(gguf), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                         logits_all=False, verbose=False)  # fmt: skip
+    def __init__(self, gguf: Path, label: str, threads: int, config: Config) -> None:
+        from peers_bench import llama_bench
+
+        self.run, self.gguf, self.threads = llama_bench, str(gguf), threads
         self.name = f"llama.cpp {label}"
         self.bytes_per_token = gguf_bytes_per_token(gguf, config, PROMPT_TOKENS + DECODE_STEPS // 2)
 
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        self.llm.reset()
-        self.llm.eval(ids)
-        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
-
-    def step(self, token: int) -> np.ndarray:
-        self.llm.eval([token])
-        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+    def turn(self, ids: list[int]) -> tuple[float, float]:
+        """(prefill tok/s, decode ms/token) of one llama-bench run."""
+        r = self.run(self.gguf, self.threads, len(ids), DECODE_STEPS)
+        return r["pp"], 1e3 / r["tg"]
 
 
 def run_round(engine: Engine, ids: list[int]) -> tuple[float, float]:
@@ -154,7 +153,7 @@ def make_engine(spec: tuple, path: Path, work: Path, threads: int) -> Engine:
     native = arg not in ("F32", "Q8_0")
     gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
     label = arg if arg == "as stored" else f"{arg} (as stored)" if native else arg
-    return LlamaCpp(gguf, label, threads, config)
+    return LlamaBench(gguf, label, threads, config)
 
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int]) -> None:
@@ -162,7 +161,7 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
     engine = make_engine(spec, path, work, threads)
     conn.send((engine.name, engine.bytes_per_token))
     while conn.recv() == "round":
-        result = run_round(engine, ids)
+        result = engine.turn(ids) if hasattr(engine, "turn") else run_round(engine, ids)
         conn.send((*result, engine.bytes_per_token))
 
 
@@ -187,19 +186,26 @@ def specs(native: str, kernels: list[str], formats: list[str] = FORMATS) -> list
     ours = [(k, w) for k in kernels for w in weights
             if not (k in ("numba-int8", "numba-int16") and w == "f32")]  # fmt: skip
     out: list[tuple] = [("llama-np", spec) for spec in ours]
-    peers = [("llama_cpp", ("llama.cpp", native))]
+    peers = [("llama-bench", ("llama.cpp", native))]
     if "f32" in formats:
-        peers[:0] = [("transformers", ("transformers", None)), ("llama_cpp", ("llama.cpp", "F32"))]
+        peers[:0] = [("transformers", ("transformers", None)),
+                     ("llama-bench", ("llama.cpp", "F32"))]  # fmt: skip
     if "q8_0" in formats:
-        peers.insert(-1, ("llama_cpp", ("llama.cpp", "Q8_0")))
-    for module, spec in peers:
-        try:
-            __import__(module)
-        except ImportError:
-            print(f"compare_peers: {module} is not installed, skipping it", file=sys.stderr)
-            continue
-        out.append(spec)
+        peers.insert(-1, ("llama-bench", ("llama.cpp", "Q8_0")))
+    for needs, spec in peers:
+        if available(needs):
+            out.append(spec)
+        else:
+            print(f"compare_peers: no {needs} here (scripts/llama_cpp.sh builds llama-bench), "
+                  "skipping it", file=sys.stderr)  # fmt: skip
     return out
+
+
+def available(needs: str) -> bool:
+    """llama-bench beside this interpreter, or an importable module."""
+    if needs == "llama-bench":
+        return (Path(sys.executable).parent / needs).is_file()
+    return importlib.util.find_spec(needs) is not None
 
 
 def start_engines(args, path: Path, work: Path, ids: list[int]) -> list[tuple]:
@@ -271,7 +277,8 @@ def run(model: str, threads: int, rounds: int, kernels: str, work: Path | None =
     args = argparse.Namespace(model=model, threads=threads, kernels=kernels, formats=formats)
     results, sizes = run_rounds(start_engines(args, path, work, ids), rounds)
     return {"machine": machine, "model": model, "file": path.name, "threads": threads,
-            "rounds": results, "bytes_per_token": sizes}  # fmt: skip
+            "rounds": results, "bytes_per_token": sizes,
+            "llama_cpp": "llama-bench, pp and tg"}  # fmt: skip
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """`compare_peers.py --batch 4,16,64`: aggregate decode throughput of B sequences stepped
 together, llama-np against llama.cpp on the same file and threads.
 
-llama.cpp runs through llama-cpp-python's low-level API as llama-batched-bench does: one
-`llama_batch` holding B sequence ids, each with its own positions in one KV cache, every
-sequence's logits computed each step. llama-np runs `Transformer.step_batch` with a KV
-cache per sequence. Both prefill an 8-token prompt per sequence (not timed), then time
-each of `steps` decode steps; a row is the median step. Each engine lives in its own
-process (spawned, so neither thread pool disturbs the other), rounds interleaved.
+llama.cpp is its own llama-batched-bench (scripts/llama_cpp.sh): B sequence ids in one
+KV cache, every sequence's logits each step; its S_TG (the steps' aggregate tok/s) gives
+the step time. llama-np runs `Transformer.step_batch` with a KV cache per sequence. Both
+prefill an 8-token prompt per sequence (not timed), then time `steps` decode steps;
+llama-np's row is the median step. Each engine lives in its own process (spawned, so
+neither thread pool disturbs the other), rounds interleaved.
 """
 
 from __future__ import annotations
@@ -46,46 +46,18 @@ class OursBatch:
 
 
 class TheirsBatch:
-    def __init__(self, path: Path, label: str, threads: int, most: int, n: int) -> None:
-        import llama_cpp as lc
+    """llama.cpp's own llama-batched-bench (C++), a run per round and B: B sequences of
+    PROMPT tokens each, then n steps of all of them; its S_TG (aggregate tok/s) as the
+    step's time."""
 
-        self.quiet = lc.llama_log_callback(lambda level, text, data: None)  # kept alive here
-        lc.llama_log_set(self.quiet, None)  # the load's log lines are not the measurement's
-        lc.llama_backend_init()
-        self.lc = lc
-        # built for this CPU without AMX (scripts/llama_cpp.sh; its AMX path crashed in
-        # llama-cpp-python on a Xeon): the repacking of the AVX-512 / AVX2 paths stays on
-        mp = lc.llama_model_default_params()
-        self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
-        p = lc.llama_context_default_params()
-        p.n_ctx = most * (PROMPT + n + 8)
-        p.n_batch = p.n_ubatch = max(512, most * PROMPT)
-        p.n_seq_max = most
-        p.n_threads = p.n_threads_batch = threads
-        self.ctx = lc.llama_init_from_model(self.model, p)
-        self.batch = lc.llama_batch_init(max(512, most * PROMPT), 0, most)
+    def __init__(self, path: Path, label: str, threads: int) -> None:
+        self.path, self.threads = str(path), threads
         self.name = f"llama.cpp {label}"
 
-    def _decode(self, entries: list[tuple[int, int, int]]) -> None:
-        """entries: (token, position, sequence); logits for every entry."""
-        bt = self.batch
-        for k, (tok, pos, seq) in enumerate(entries):
-            bt.token[k], bt.pos[k], bt.n_seq_id[k] = tok, pos, 1
-            bt.seq_id[k][0], bt.logits[k] = seq, True
-        bt.n_tokens = len(entries)
-        if self.lc.llama_decode(self.ctx, bt) != 0:
-            raise RuntimeError("llama_decode failed")
-
     def steps(self, b: int, n: int) -> list[float]:
-        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
-        self._decode([(t, i, s) for s in range(b) for i, t in enumerate(tokens(PROMPT, s))])
-        out = []
-        for i in range(n):
-            entries = [(t, PROMPT + i, s) for s, t in enumerate(tokens(b, i))]
-            t0 = time.perf_counter()
-            self._decode(entries)
-            out.append(time.perf_counter() - t0)
-        return out
+        from peers_bench import batched_bench
+
+        return [b / batched_bench(self.path, self.threads, PROMPT, n, b)]
 
 
 def serve(conn, spec: tuple, path: Path, work: Path, threads: int, batches: list[int],
@@ -98,8 +70,7 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, batches: list
     else:
         native = arg not in ("F32", "Q8_0")
         gguf = path if native else write_gguf(path, work / f"{arg.lower()}.gguf", arg)
-        engine = TheirsBatch(gguf, f"{arg} (as stored)" if native else arg, threads,
-                             max(batches), n)  # fmt: skip
+        engine = TheirsBatch(gguf, f"{arg} (as stored)" if native else arg, threads)
     conn.send(engine.name)
     while conn.recv() == "round":
         conn.send({b: 1e3 * statistics.median(engine.steps(b, n)) for b in batches})
@@ -148,7 +119,7 @@ def compare(model: str, threads: int, batches: list[int], formats: list[str], ro
     results = run(path, work, specs, threads, batches, rounds, steps)
     names = list(results)
     return {"machine": machine, "model": model, "file": path.name, "threads": threads,
-            "batches": batches, "steps": steps, "pairs": list(zip(names[::2], names[1::2], strict=True)),
+            "llama_cpp": "llama-batched-bench, S_TG", "batches": batches, "steps": steps, "pairs": list(zip(names[::2], names[1::2], strict=True)),
             "rounds": {n: {str(b): ms for b, ms in r.items()} for n, r in results.items()}}  # fmt: skip
 
 

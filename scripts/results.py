@@ -152,13 +152,17 @@ def measure_peers(ctx: argparse.Namespace) -> dict:
             for m in (MODELS[:1] if ctx.quick else MODELS)}  # fmt: skip
 
 
+BINDING = "llama-cpp-python, its Python binding"  # the peer of runs that name none
+
+
 def render_peers(data: dict, plots: Path) -> str:
     import compare_peers
 
     out = []
     for model, d in data.items():
         out += [f"{model} ({d['file']}), {d['threads']} threads, {len(next(iter(d['rounds'].values())))} "
-                "interleaved rounds; ratios are medians of per-round ratios:", "",
+                f"interleaved rounds; llama.cpp: {d.get('llama_cpp', BINDING)}; ratios are "
+                "medians of per-round ratios:", "",
                 compare_peers.table(d["rounds"], d["bytes_per_token"]), ""]  # fmt: skip
     return "\n".join(out)
 
@@ -177,7 +181,8 @@ def render_peers_batch(data: dict, plots: Path) -> str:
 
     out = []
     for model, d in data.items():
-        out += [f"{model} ({d['file']}), {d['threads']} threads, {d['steps']} timed steps per B:",
+        out += [f"{model} ({d['file']}), {d['threads']} threads, {d['steps']} timed steps per B; "
+                f"llama.cpp: {d.get('llama_cpp', BINDING)}:",
                 "", peers_batch.table(d), ""]  # fmt: skip
     return "\n".join(out)
 
