@@ -245,7 +245,9 @@ def peer_tables(peers: dict) -> list[str]:
     for preset, files in peers.items():
         for kind, d in files.items():
             one = d["one"]
-            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads:", "",
+            peer = "; ".join(dict.fromkeys(x.get("llama_cpp", BINDING) for x in (one, d["batch"])))
+            out += [f"{preset} {kind.upper()} ({one['file']}), {one['threads']} threads; "
+                    f"llama.cpp: {peer}:", "",
                     compare_peers.table(one["rounds"], one["bytes_per_token"]), "",
                     peers_batch.table(d["batch"]), ""]  # fmt: skip
     return out
