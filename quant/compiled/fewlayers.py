@@ -305,8 +305,10 @@ def decode_few(x, vs, weights, eps, form, angles, stores, kind, ints, threads, m
     spans (a window's layers, the others); kind (L,): which span a layer's attention
     takes. The rest as layers.decode_layers takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
-    nb, rows, plan, ns = x.shape[0], weights.rows, weights.plan, stores.n_keys
-    n_kv, dims = stores.values[0].shape[0], mixing[2]
+    cos, sin, spec = angles
+    keys, values, kv_at, slots, ns = stores
+    nb, rows, plan, dims = x.shape[0], weights.rows, weights.plan, mixing[2]
+    n_kv = values[0].shape[0]
     qkv = np.empty(nb * widest(rows, plan, 0), np.float32)
     gate_up = np.empty(nb * widest(rows, plan, 2), np.float32)
     y = np.empty_like(x)
@@ -318,8 +320,6 @@ def decode_few(x, vs, weights, eps, form, angles, stores, kind, ints, threads, m
                   np.empty(nb * conv_qkv.shape[0], np.float32),
                   np.empty(nb * bx.shape[0], np.float32))  # fmt: skip
     sync = np.zeros((PHASES * plan.shape[0] + 1, LINE), np.int64)
-    cos, sin, spec = angles
-    keys, values, kv_at, slots, ns = stores
     for _ in prange(threads):  # (the groups made again in the loop: layers.IN_THE_LOOP)
         member(sync, threads, x, vs, weights, eps, form, Angles(cos, sin, spec),
                Stores(keys, values, kv_at, slots, ns), kind, ints, mixing,
