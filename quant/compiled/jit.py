@@ -19,7 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Read by libgomp when numba first loads its OpenMP pool: spin ~1 ms before sleeping
@@ -222,6 +222,52 @@ def kernel_cache() -> Iterator[None]:
         yield
     finally:
         numba.config.CACHE_DIR = saved
+
+
+def take_turns(
+    stages: list[tuple[str, Callable[[], None]]], tag: str, progress: Callable[[str], object]
+) -> None:
+    """Run every stage (each compiles or loads a group of kernels) in this process, sharing
+    the compiling with processes warming up the same kernel cache at the same moment: a
+    stage that another one is running (its lock file in the cache folder held) is left for
+    last, then run once that one has finished, when its kernels load from the disk cache.
+    Two processes starting on an empty cache (the test workers, two llama-np at once)
+    compile half the stages each instead of all of them both. Where no lock can be taken
+    (a read-only cache folder), each stage just runs."""
+    folder = cache_folder() / "stages"
+    later = []
+    for name, run in stages:
+        with _turn(folder / f"{tag} {name}.lock", wait=False) as mine:
+            if mine:
+                progress(name)
+                run()
+        if not mine:
+            later.append((name, run))
+    for name, run in later:
+        with _turn(folder / f"{tag} {name}.lock", wait=True):
+            progress(name)
+            run()
+
+
+@contextlib.contextmanager
+def _turn(path: Path, wait: bool) -> Iterator[bool]:
+    """The lock of one stage, held inside: True, or False where another process holds it
+    and `wait` is False."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a")
+    except OSError:
+        f = None
+    with f if f is not None else contextlib.nullcontext():
+        mine = True
+        if f is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                mine = False
+            except OSError:
+                pass
+        yield mine
 
 
 def threading_layer() -> str:

@@ -505,6 +505,38 @@ def test_kernels_taking_a_kernel_are_loaded_from_the_disk_cache():
     assert misses[1] == 0, misses
 
 
+def test_processes_warming_up_at_once_share_the_stages(tmp_path, monkeypatch):
+    """jit.take_turns: a stage another process is running (here a thread, with a lock file
+    of its own) is left for last and run once that one has finished; the others run at once.
+    Both run every stage: the second one's kernels then load from the disk cache."""
+    import threading
+
+    from quant.compiled.jit import take_turns
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    started, finish, order = threading.Event(), threading.Event(), []
+
+    def other_a():
+        started.set()
+        assert finish.wait(10)
+        order.append("other a")
+
+    def mine(name):
+        def run():
+            order.append(f"mine {name}")
+            finish.set()
+
+        return run
+
+    other = threading.Thread(target=take_turns, args=([("a", other_a)], "t", print))
+    other.start()
+    assert started.wait(10)
+    told = []
+    take_turns([("a", mine("a")), ("b", mine("b"))], "t", told.append)
+    other.join(10)
+    assert order == ["mine b", "other a", "mine a"] and told == ["b", "a"]
+
+
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
 @pytest.mark.parametrize("kind", ["llama", "head", "all", "cap"])
 def test_batched_attention_gives_each_sequence_its_bits_alone(kv, kind):
