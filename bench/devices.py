@@ -11,6 +11,7 @@ same form (`--devices FILE`), or give `--peak-gbs` / `--peak-gflops` directly.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -83,6 +84,42 @@ FLOAT_FORMATS = ("f32", "fp32", "f16", "fp16", "bf16")
 PEAKS = ("fp16", "fp32", "int8")  # the matrix peaks a device lists (FLOPS; int8: OPS)
 
 
+# A device entry without a "class": the class its name and title say (first match wins).
+CLASS_WORDS = (
+    ("apple-cpu", r"apple.*\bcpu\b|\bcpu\b.*apple"),
+    ("apple-gpu", r"apple|\bm[1-9]( (pro|max|ultra))?\b"),
+    ("intel-gpu", r"intel.*\b(arc|gpu|iris|xe)\b|\barc ?[ab]\d{3}"),
+    (
+        "nvidia-gpu",
+        r"nvidia|geforce|\brtx|\bgtx|tesla|quadro|\b[abhl]\d{2,3}\b|\b[gb]\d{3}\b"
+        r"|\bl4\b|\bt4\b|\bv100|\bp40|\bp100|jetson",
+    ),
+    ("amd-gpu", r"radeon|instinct|\bmi\d{2,3}|\brx ?\d{3,4}|\bw\d{4}\b"),
+    (
+        "board",
+        r"raspberry|\bpi [345]\b|orange pi|rockchip|\brk\d{4}|snapdragon|\bcix\b"
+        r"|radxa|board",
+    ),
+)
+
+
+def guess_class(entry: dict) -> str:
+    """The hardware class of a device entry that names none (bench/published's classes,
+    intel-gpu too), from its name and title; "cpu" when a "kind" of cpu says so or no
+    word matches a GPU's, so that `sol` finds a fit for it."""
+    text = f"{entry.get('name', '')} {entry.get('title', '')}".lower()
+    kind = entry.get("kind", "")
+    for cls, words in CLASS_WORDS:
+        if re.search(words, text) and not (kind == "cpu" and cls.endswith("-gpu")):
+            return cls
+    return "apple-cpu" if kind == "cpu" and "apple" in text else "cpu"
+
+
+def kind_of(hw_class: str) -> str:
+    """The kind of a class's devices: "soc" (Apple's GPU), "gpu" or "cpu"."""
+    return {"apple-gpu": "soc"}.get(hw_class, "gpu" if hw_class.endswith("-gpu") else "cpu")
+
+
 def _parse(text: str, origin: str) -> dict[str, Device]:
     try:
         entries = json.loads(text)["devices"]
@@ -92,9 +129,9 @@ def _parse(text: str, origin: str) -> dict[str, Device]:
                 title=e.get("title", e["name"]),
                 bandwidth=float(e["bandwidth"]),
                 flops=_peaks(e.get("flops", {}), e["name"]),
-                kind=e.get("kind", "custom"),
+                kind=e.get("kind") or kind_of(e.get("class") or guess_class(e)),
                 source=e.get("source", origin),
-                hw_class=e.get("class", ""),
+                hw_class=e.get("class") or guess_class(e),
             )
             for e in entries
         }

@@ -39,7 +39,6 @@ from .calibrate import spread  # noqa: F401  (|error|'s median, p80, p90: decode
 
 MIN_ROWS = 4  # rows a group needs for an eta of its own
 R_GRID = (0.0, *(float(x) for x in np.geomspace(0.25, 64, 33)))  # the score matrix's passes
-GPU_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu")
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,9 @@ class PrefillPoint:
 
     @property
     def kind(self) -> str:
-        return "gpu" if self.hw_class in GPU_CLASSES else "cpu"
+        """ "gpu" for a GPU's class (apple-gpu, nvidia-gpu, amd-gpu, or one without rows of
+        its own yet, intel-gpu: fitted as GPUs), else "cpu"."""
+        return "gpu" if self.hw_class.endswith("-gpu") else "cpu"
 
     @property
     def weights(self) -> str:

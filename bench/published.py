@@ -454,10 +454,10 @@ def expectation_times(p: Prefill, device: Device, weights: str,
                       bandwidth: float) -> tuple[float, float]:  # fmt: skip
     """A prompt's two times per token (ms) the expectation adds to the bound's memory time:
     its products at the rate engines run them for `weights` (Device.engine_peak) with
-    attention's at the float peak, and its score matrix's f32 entries crossing `bandwidth`
-    once."""
-    products = p.flops - p.attention_flops
-    compute = products / device.engine_peak(weights) + p.attention_flops / device.float_peak()
+    attention's at the float peak (a device listing none: the products' rate), and its
+    score matrix's f32 entries crossing `bandwidth` once."""
+    products, rate = p.flops - p.attention_flops, device.engine_peak(weights)
+    compute = products / rate + p.attention_flops / (device.float_peak() or rate)
     return 1e3 * compute / p.n, 1e3 * 4 * p.scores / bandwidth / p.n
 
 
@@ -497,13 +497,20 @@ class ExpectedPrefill:
 
 def expected_prefill(like: PrefillPoint) -> ExpectedPrefill | None:
     """What the published prompt rows say a prompt token like `like` (its bound's three
-    times, class, engine, format) takes; None when no group has rows for it."""
+    times, class, engine, format) takes: a class without rows (intel-gpu) gets its kind's
+    fit (GPUs', CPUs') and its kind's held-out error; None when no group has rows."""
     f = prefill_fit()
     g = f.group_for(like)
-    if g is None or not any(p.hw_class == like.hw_class for p in f.points):
+    if g is None:
         return None
-    held = [h for h in prefill_held_out() if h.point.hw_class == like.hw_class]
-    return ExpectedPrefill(f.expect(like), g, f.r, prefill_spread(held))
+    held = prefill_held_out()
+    same = [h for h in held if h.point.hw_class == like.hw_class]
+    return ExpectedPrefill(
+        f.expect(like),
+        g,
+        f.r,
+        prefill_spread(same or [h for h in held if h.point.kind == like.kind]),
+    )
 
 
 def beaten(rows: Sequence[HeldPrefill]) -> list[HeldPrefill]:

@@ -99,6 +99,30 @@ def test_sol_prompt_with_a_device_file(tmp_path, capsys):
         load_devices([f])
 
 
+def test_a_device_without_a_class_gets_the_one_its_name_says(tmp_path, capsys):
+    """A --devices entry that names no class and no kind gets both from its name and title
+    (devices.guess_class); a GPU class without published rows of its own (intel-gpu) is
+    fitted as the GPUs are: each still has an expected prompt speed under its bound."""
+    f = tmp_path / "dev.json"
+    card = {"fp32": 1e14, "fp16": 4e14, "int8": 8e14}
+    f.write_text(json.dumps({"devices": [
+        {"name": "card", "title": "NVIDIA GeForce RTX 5090", "bandwidth": 1.8e12, "flops": card},
+        {"name": "arc", "title": "Intel Arc A770", "bandwidth": 5.6e11, "flops": card},
+        {"name": "box", "title": "AMD EPYC 9654", "bandwidth": 4.6e11, "flops": {"int8": 4e13}},
+    ]}))  # fmt: skip
+    table = load_devices([f])
+    for name, cls, kind, group in (("card", "nvidia-gpu", "gpu", "nvidia-gpu / llama.cpp /"),
+                                   ("arc", "intel-gpu", "gpu", "gpu"),
+                                   ("box", "cpu", "cpu", "cpu")):  # fmt: skip
+        assert (table[name].hw_class, table[name].kind) == (cls, kind)
+        args = ["sol", "--config", "llama-2-7b", "--weights", "q4_0", "--prompt", "512",
+                "--device", name, "--devices", str(f), "--json"]  # fmt: skip
+        assert main(args) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert 0 < d["expected_prefill_tok_s"] < d["predicted_prefill_tok_s"], name
+        assert d["expected_fit"]["group"].startswith(group), (name, d["expected_fit"])
+
+
 def test_sol_prompt_text_names_both_bounds(capsys):
     assert main("sol --config llama-2-7b --prompt 64 --device apple-m2-ultra".split()) == 0
     out = capsys.readouterr().out
