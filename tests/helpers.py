@@ -512,27 +512,45 @@ class CompilerCheck:
         Path(f"{self.mark}{part}").write_text("passed\n")
 
 
+def all_cores() -> int:
+    """The cores a process may use (quant.host.usable_cores as it was before share_cores
+    gave this worker its share): a process a test starts gets them all."""
+    from quant import host
+
+    return (_ALL_CORES or host.usable_cores)()
+
+
+_ALL_CORES = None  # quant.host.usable_cores itself, once share_cores has replaced it
+
+
 def cores_share() -> int:
     """The usable cores over the test workers (pytest-xdist's PYTEST_XDIST_WORKER_COUNT;
     all of them in one process)."""
     import os
 
-    from quant.host import usable_cores
-
-    return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    return max(1, all_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 def share_cores() -> None:
     """This process's threads limited to its share of the usable cores (cores_share;
     tests/conftest.py's pytest_configure): BLAS's, torch's once imported (and a started
-    process's BLAS), numba's. numba's own NUMBA_NUM_THREADS is left as it is: the tests
-    that ask for more threads than the share get them, and numba refuses a changed one
-    once its threads run. Loading a model sets numba's threads to its own count again."""
+    process's BLAS), numba's; and the threads a model, a probe or a command takes by
+    default (quant.host.usable_cores: the share, where a model's load set numba's team to
+    all the cores again, two teams spinning at their barriers for each other's threads).
+    numba's own NUMBA_NUM_THREADS is left as it is: the tests that ask for more threads
+    than the share get them, and numba refuses a changed one once its threads run."""
     import os
+    import sys
 
     from threadpoolctl import threadpool_limits
 
-    n = cores_share()
+    import quant.host
+
+    global _ALL_CORES
+    n, _ALL_CORES = cores_share(), quant.host.usable_cores
+    for module in [quant.host, *sys.modules.values()]:
+        if getattr(module, "usable_cores", None) is _ALL_CORES:
+            module.usable_cores = lambda: n
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(n)
     threadpool_limits(n)  # this process's BLAS (already loaded with NumPy)
