@@ -233,8 +233,11 @@ def take_turns(
     last, then run once that one has finished, when its kernels load from the disk cache.
     Two processes starting on an empty cache (the test workers, two llama-np at once)
     compile half the stages each instead of all of them both. Where no lock can be taken
-    (a read-only cache folder), each stage just runs."""
-    folder = cache_folder() / "stages"
+    (a read-only cache folder), each stage just runs. The locks are this checkout's: numba
+    caches a kernel under its source folder's path, so another copy of these sources
+    (a worktree) compiles its own."""
+    here = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+    folder = cache_folder() / "stages" / here
     later = []
     for name, run in stages:
         with _turn(folder / f"{tag} {name}.lock", wait=False) as mine:
