@@ -123,20 +123,19 @@ def kind_of(hw_class: str) -> str:
 def _parse(text: str, origin: str) -> dict[str, Device]:
     try:
         entries = json.loads(text)["devices"]
-        return {
-            e["name"].lower(): Device(
-                name=e["name"].lower(),
-                title=e.get("title", e["name"]),
-                bandwidth=float(e["bandwidth"]),
-                flops=_peaks(e.get("flops", {}), e["name"]),
-                kind=e.get("kind") or kind_of(e.get("class") or guess_class(e)),
-                source=e.get("source", origin),
-                hw_class=e.get("class") or guess_class(e),
-            )
-            for e in entries
-        }
+        return {e["name"].lower(): _device(e, origin) for e in entries}
     except (KeyError, TypeError, ValueError) as e:
         raise DeviceError(f"{origin}: not a device table ({e})") from None
+
+
+def _device(e: dict, origin: str) -> Device:
+    """One entry of a device table; its class guessed where it names none (guess_class),
+    its kind that class's where it names none."""
+    hw_class = e.get("class") or guess_class(e)
+    return Device(name=e["name"].lower(), title=e.get("title", e["name"]),
+                  bandwidth=float(e["bandwidth"]), flops=_peaks(e.get("flops", {}), e["name"]),
+                  kind=e.get("kind") or kind_of(hw_class), source=e.get("source", origin),
+                  hw_class=hw_class)  # fmt: skip
 
 
 def _peaks(flops: dict, name: str) -> dict[str, float]:

@@ -2,10 +2,9 @@
 """llama-np against its peers, side by side, in one run, on the same model and prompt.
 
 Engines: llama-np in each weight format, on its compiled kernels (numba) and on its NumPy
-kernels; transformers on torch (f32, eager) when
-installed; llama.cpp's llama-bench (scripts/llama_cpp.sh) on the native file and on GGUF
-files written with the gguf package from the same weights. Each engine lives in its own process, loaded
-once and kept for the whole run, so no engine's thread pool can disturb another's (an
+kernels; transformers on torch (f32, eager) when installed; llama.cpp's llama-bench
+(scripts/llama_cpp.sh) on the native file and on GGUF files written with the gguf package
+from the same weights. Each engine lives in its own process, loaded once and kept for the whole run, so no engine's thread pool can disturb another's (an
 idle OpenMP or ggml pool that spins steals a core). They run in interleaved rounds
 (every engine once per round, the others blocked on a pipe), and each ratio to llama-np
 f32 is the median of per-round ratios, because absolute times drift by tens of percent
@@ -50,7 +49,8 @@ PROMPT_TOKENS, DECODE_STEPS = 128, 64
 
 
 class Engine:
-    """prefill(ids) -> last logits; step(token) -> logits. Timed by the caller."""
+    """prefill(ids) -> last logits; step(token) -> logits, timed by `turn` (run_round); an
+    engine that times itself (llama-bench) has a `turn` of its own instead."""
 
     name: str
     bytes_per_token: float
@@ -58,6 +58,10 @@ class Engine:
     def prefill(self, ids: list[int]) -> np.ndarray: ...
 
     def step(self, token: int) -> np.ndarray: ...
+
+    def turn(self, ids: list[int]) -> tuple[float, float]:
+        """(prefill tok/s, decode ms/token) of one round."""
+        return run_round(self, ids)
 
 
 class LlamaNp(Engine):
@@ -161,7 +165,7 @@ def serve(conn, spec: tuple, path: Path, work: Path, threads: int, ids: list[int
     engine = make_engine(spec, path, work, threads)
     conn.send((engine.name, engine.bytes_per_token))
     while conn.recv() == "round":
-        result = engine.turn(ids) if hasattr(engine, "turn") else run_round(engine, ids)
+        result = engine.turn(ids)
         conn.send((*result, engine.bytes_per_token))
 
 
@@ -202,9 +206,12 @@ def specs(native: str, kernels: list[str], formats: list[str] = FORMATS) -> list
 
 
 def available(needs: str) -> bool:
-    """llama-bench beside this interpreter, or an importable module."""
+    """llama-bench where peers_bench runs it (beside this interpreter), or an importable
+    module."""
     if needs == "llama-bench":
-        return (Path(sys.executable).parent / needs).is_file()
+        from peers_bench import BIN
+
+        return (BIN / needs).is_file()
     return importlib.util.find_spec(needs) is not None
 
 
