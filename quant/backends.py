@@ -40,8 +40,9 @@ FLOATS = ("f32", "f16", "bf16")  # formats whose products no `dot` changes
 INSTALL_HINT = "pip install 'llama-np[fast]' (or pip install numba)"
 
 
-# Told the name of each stage of the compiled backend's warm-up as it begins (its formats,
-# then its KV formats): a caller that shows compile progress sets it around get_backend.
+# Told the name of each stage of the compiled backend's warm-up as it begins (the one-call
+# step, its KV formats, its formats, the ops): a caller that shows compile progress sets it
+# around get_backend.
 COMPILE_PROGRESS: ContextVar[Callable[[str], object] | None] = ContextVar(
     "compile_progress", default=None
 )
@@ -52,7 +53,7 @@ def warm_up_stages() -> int:
     from . import compiled
     from .kv import KV_FORMATS
 
-    return len(compiled.FORMATS) + len(KV_FORMATS)
+    return len(compiled.FORMATS) + len(KV_FORMATS) + 2  # and the one-call step's, the ops'
 
 
 class BackendUnavailable(QuantError):

@@ -325,7 +325,8 @@ class CompiledOps(NumpyOps):
                          np.int64)  # (a shared KV layer appends nothing)  # fmt: skip
         n_keys = np.array([s.n_keys for s in spans], np.int64)
         threads = self.team or numba.get_num_threads()
-        stores = layers.Stores(keys, values, packed.kv_addresses(cache), slots, n_keys)
+        stores = layers.Stores(layers.layout_of(keys, values), packed.kv_addresses(cache), slots,
+                               n_keys)  # fmt: skip
         moe = layers.Experts(packed.experts, packed.routers, chosen)
         sync = layers.decode_layers(x[0], packed.weights, np.float32(c.norm_eps), packed.form,
                                     layers.Angles(cos, sin, packed.spec), stores, self.ints,
@@ -385,10 +386,10 @@ class CompiledOps(NumpyOps):
         cos = np.stack([a[0] for a in angles], axis=1)  # (L, B, rotary / 2)
         sin = np.stack([a[1] for a in angles], axis=1)
         threads = self.team or numba.get_num_threads()
-        stores = layers.Stores(*caches[0].arrays(packed.attends),
+        stores = layers.Stores(layers.layout_of(*caches[0].arrays(packed.attends)),
                                np.stack([at for _, at in layouts], axis=1), slots,
                                ns)  # fmt: skip
-        sync = fewlayers.decode_few(x, tuple(range(x.shape[0])), packed.weights,
+        sync = fewlayers.decode_few(x, packed.weights,
                                     np.float32(c.norm_eps), packed.form,
                                     layers.Angles(cos, sin, packed.spec), stores, kind, self.ints,
                                     threads, packed.mixing)  # fmt: skip

@@ -31,9 +31,10 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32", progress=Non
     import numpy as np
 
     rng = np.random.default_rng(0)
-    # the KV formats' stages first: each compiles a one-call step (45-75 s cold on a Zen 4,
-    # the weight formats' 0-20 s), so that processes sharing the stages finish together
-    stages = [(f"kv {kv}", functools.partial(_kv_stage, kv, rng)) for kv in kv_formats]
+    # the one-call step first (~60 s cold on a Zen 4; a KV format's attention and a weight
+    # format's products 0-20 s each), so that processes sharing the stages finish together
+    stages = [("one-call step", _step_stage)]
+    stages += [(f"kv {kv}", functools.partial(_kv_stage, kv, rng)) for kv in kv_formats]
     stages += [(name, functools.partial(_format_stage, cls, dot, rng)) for name, cls in
                formats.items()] + [("ops", _ops_stage)]  # fmt: skip
     take_turns(stages, dot, progress or (lambda stage: None))
@@ -78,8 +79,8 @@ def _ops_stage() -> None:
 
 
 def _kv_stage(kv: str, rng) -> None:
-    """A KV format's attention, one sequence's and a batch's, and the one-call step
-    (layers.decode_layers) reading it."""
+    """A KV format's attention, one sequence's and a batch's, as the calls one by one run
+    it."""
     import numpy as np
 
     from ..kv import KV_FORMATS
@@ -97,4 +98,12 @@ def _kv_stage(kv: str, rng) -> None:
     two, pair = np.ones(2, np.int64), np.empty((2, 32), np.float32)
     layers.attend_batch(np.stack([qkv, qkv]), np.stack([cos, cos]), np.stack([sin, sin]),
                         spec, *stores, kv_at, two - 1, two, pair)  # fmt: skip
-    layers.warm_up(*stores)
+
+
+def _step_stage() -> None:
+    """The one-call decode step (layers.decode_layers), one kernel for every KV format."""
+    from ..kv import KV_FORMATS
+    from . import layers
+
+    keys, values = KV_FORMATS["f32"](1, 16, 32, tiled=True), KV_FORMATS["f32"](1, 16, 32)
+    layers.warm_up(tuple(keys.arrays()), tuple(values.arrays()))

@@ -12,7 +12,7 @@ ran the prologue and the rounding of all B into its own buffers.
 
 The same functions in the same order as the calls one by one (ops.prepare_rows,
 intdot.quantize_x and per16 as igemm.quantize_rows runs them, fewdot's few_ entries,
-layers.batch_task and attention.combine): every
+attention.attend_task and combine): every
 sequence gets the bits the batched step gives it call by call (compiled in one process:
 jit.kernel). The products multiply x
 as integers (`ints` 8 or 16), or as float32 where every matrix is in a float format.
@@ -34,6 +34,7 @@ from .layers import (
     GATED,
     KIND,
     KQUANT,
+    KV_HEADS,
     NBYTES,
     PHASES,
     Q8_0,
@@ -42,7 +43,7 @@ from .layers import (
     Angles,
     Stores,
     attention_shape,
-    batch_task,
+    batch_piece,
     batch_tasks,
     chunks,
     gate_rows,
@@ -54,6 +55,7 @@ from .layers import (
     operand,
     out_rows,
     pieces_of_sequence,
+    task_at,
     ungate,
     voidptr,
     widest,
@@ -183,16 +185,37 @@ def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, ou
     finish(sync, k, finished, n)
 
 
+@kernel(inline=True)
+def product_of(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias,
+               buf, ints):  # fmt: skip
+    """`product` for the B = 2 ... FEW rows of x: fewdot's kernels take the vectors as a
+    tuple whose length they are compiled for, the walker B as a value (one walker for
+    every B)."""
+    nb = x.shape[0]
+    if nb == 2:
+        product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias,
+                (0, 1), buf, ints)  # fmt: skip
+    elif nb == 3:
+        product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias,
+                (0, 1, 2), buf, ints)  # fmt: skip
+    else:
+        product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, out, bias,
+                (0, 1, 2, 3), buf, ints)  # fmt: skip
+
+
 @kernel
-def attend(sync, k, qkv, cos, sin, spec, keys, values, kv_at, slots, ns, tasks, att):
-    """Phase k: every sequence's attention tasks (layers.batch_task), one at a time; then
-    each thread combines every sequence's pieces into its own att (B, q_dim)."""
+def attend(sync, k, qkv, cos, sin, spec, layout, kv_at, hd, slots, ns, tasks, att):
+    """Phase k: every sequence's attention tasks (layers.task_at on its stores at kv_at[b]),
+    one at a time; then each thread combines every sequence's pieces into its own att (B,
+    q_dim)."""
     first, at, _, top, total, part = tasks
-    n, n_kv, hd = first[-1], values[0].shape[0], values[0].shape[2]
+    n, n_kv = first[-1], layout[KV_HEADS]
     finished = 0
     t = take(sync, k, 1, n)
     while t < n:
-        batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, t, tasks)
+        b, task, run, top_b, total_b, part_b = batch_piece(tasks, t, n_kv, hd)
+        task_at(qkv[b], cos[b], sin[b], spec, layout, kv_at[b], hd, slots[b], ns[b], task, run,
+                top_b, total_b, part_b)  # fmt: skip
         finished += 1
         t = take(sync, k, 1, n)
     finish(sync, k, finished, n)
@@ -237,17 +260,17 @@ def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
 
 
 @kernel
-def member(sync, threads, x, vs, weights, eps, form, angles, stores, kind, ints, mixing, bufs,
-           q_dim):  # fmt: skip
+def member(sync, threads, x, weights, eps, form, angles, stores, kind, ints, mixing, bufs, q_dim,
+           hd):  # fmt: skip
     """One thread's walk through every phase of every layer (decode_few); bufs: (qkv,
     gate_up: flat, room for the widest layer's; y; tasks0, tasks1: the attention's tasks
     laid out for the spans slots[0], ns[0] and slots[1], ns[1]; mixer_scratch's, B times)."""
     start(sync)  # the step's start (team.phase_seconds)
     rows, factors, plan, norms, biases = weights
     cos, sin, spec = angles
-    keys, values, kv_at, slots, ns = stores
+    layout, kv_at, slots, ns = stores
     qkv, gate_up, y, tasks0, tasks1, mixer_bufs = bufs
-    nb, dim, hd = x.shape[0], x.shape[1], values[0].shape[2]
+    nb, dim = x.shape
     kinds, mix_at, dims = mixing[0], mixing[1], mixing[2]
     wide = widest(rows, plan, 0)
     buf = scratch(nb, max(dim, widest(rows, plan, 2) // 2, q_dim, mixer_bufs[0].shape[0] // nb),
@@ -264,51 +287,50 @@ def member(sync, threads, x, vs, weights, eps, form, angles, stores, kind, ints,
         p, k, j = plan[i], PHASES * i, kind[i]
         h = lay(qkv, nb, out_rows(rows, p[0, 0], p[0, 1]), np.float32)
         g = lay(gate_up, nb, out_rows(rows, p[2, 0], p[2, 1]), np.float32)
-        product(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
-                False, h, biases[i], vs, buf, ints)  # fmt: skip
+        product_of(sync, k, threads, rows, factors, p[0, 0], p[0, 1], x, norms[i, 0], eps, pre,
+                   False, h, biases[i], buf, ints)  # fmt: skip
         if kinds[i] == ATTENTION:
             a = h
             if gated:
                 a = lay(qv, nb, h.shape[1] - q_dim, np.float32)
                 for b in range(nb):
                     ungate(h[b], q_dim, hd, a[b], gate[b])
-            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i, mixing[5][i]), keys,
-                   values, kv_at[i], slots[j], ns[j], tasks0 if j == 0 else tasks1,
-                   att)  # fmt: skip
+            attend(sync, k + 1, a, cos[i], sin[i], layer_spec(spec, i, mixing[5][i]), layout,
+                   kv_at[i], hd, slots[j], ns[j], tasks0 if j == 0 else tasks1, att)  # fmt: skip
             for b in range(nb if gated else 0):
                 gate_rows(att[b], gate[b])
             mixed = att
         else:  # a recurrent mixer: each sequence's state's addresses in its row of kv_at
             mixed = mixer_phase(sync, k + 1, kinds[i], h, mixing, mix_at[i], kv_at[i], eps, dim,
                                 mixer_bufs)  # fmt: skip
-        product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0], eps,
-                PLAIN, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
+        product_of(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0],
+                   eps, PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
-        product(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps, pre,
-                False, g, none, vs, buf, ints)  # fmt: skip
-        product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], g, norms[i, 1],
-                eps, gate_mode, fused, x if fused else y, none, vs, buf, ints)  # fmt: skip
+        product_of(sync, k + 4, threads, rows, factors, p[2, 0], p[2, 1], x, norms[i, 1], eps,
+                   pre, False, g, none, buf, ints)  # fmt: skip
+        product_of(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], g, norms[i, 1], eps,
+                   gate_mode, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
             residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
 
 
 @kernel(parallel=True)
-def decode_few(x, vs, weights, eps, form, angles, stores, kind, ints, threads, mixing):
-    """The decoder blocks of one decode step of B sequences on their residual streams x
-    (B, dim), in place. vs: tuple(range(B)) (its length compiled in: fewdot). angles:
+def decode_few(x, weights, eps, form, angles, stores, kind, ints, threads, mixing):
+    """The decoder blocks of one decode step of B (2 ... FEW) sequences on their residual
+    streams x (B, dim), in place: one compiled kernel for every B and KV format. angles:
     cos, sin (L, B, rotary / 2): each layer's RoPE angle of each token. stores: kv_at (L,
     B, arrays of both): each layer's KV stores of each sequence at their addresses (a
     recurrent layer's: the sequence's state's conv and s; every sequence's stores have
-    the first attending layer's shapes and format: keys, values); slots, n_keys (2, B):
+    the first attending layer's shapes and format: layout); slots, n_keys (2, B):
     where each sequence appends and how many keys it attends in each of (at most) two
     spans (a window's layers, the others); kind (L,): which span a layer's attention
     takes. The rest as layers.decode_layers takes it, and the same `sync` returned: each
     phase's row, then the step's start (team.phase_seconds)."""
     cos, sin, spec = angles
-    keys, values, kv_at, slots, ns = stores
+    layout, kv_at, slots, ns = stores
     nb, rows, plan, dims = x.shape[0], weights.rows, weights.plan, mixing[2]
-    n_kv = values[0].shape[0]
+    n_kv = layout[KV_HEADS]
     qkv = np.empty(nb * widest(rows, plan, 0), np.float32)
     gate_up = np.empty(nb * widest(rows, plan, 2), np.float32)
     y = np.empty_like(x)
@@ -321,7 +343,7 @@ def decode_few(x, vs, weights, eps, form, angles, stores, kind, ints, threads, m
                   np.empty(nb * bx.shape[0], np.float32))  # fmt: skip
     sync = np.zeros((PHASES * plan.shape[0] + 1, LINE), np.int64)
     for _ in prange(threads):  # (the groups made again in the loop: layers.IN_THE_LOOP)
-        member(sync, threads, x, vs, weights, eps, form, Angles(cos, sin, spec),
-               Stores(keys, values, kv_at, slots, ns), kind, ints, mixing,
-               (qkv, gate_up, y, tasks0, tasks1, mixer_bufs), q_dim)  # fmt: skip
+        member(sync, threads, x, weights, eps, form, Angles(cos, sin, spec),
+               Stores(layout, kv_at, slots, ns), kind, ints, mixing,
+               (qkv, gate_up, y, tasks0, tasks1, mixer_bufs), q_dim, hd)  # fmt: skip
     return sync

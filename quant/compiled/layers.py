@@ -64,7 +64,7 @@ class Table(NamedTuple):
 
 
 # IN_THE_LOOP: numba hands a parallel loop a tuple's fields one by one, and a field that is
-# itself a tuple (Angles' spec, Stores' keys) fails there ("scalar type ... given for non
+# itself a tuple (Angles' spec) fails there ("scalar type ... given for non
 # scalar argument"): a parallel kernel unpacks such a group before its loop and makes it
 # again inside.
 class Weights(NamedTuple):
@@ -93,14 +93,14 @@ class Angles(NamedTuple):
 
 
 class Stores(NamedTuple):
-    """The KV stores a step reads and appends to: `keys`, `values` (the arrays of a layer
-    that attends: their format and shapes), `kv_at` (L, arrays of both; B sequences: (L,
-    B, ...)): each layer's stores at their addresses (a recurrent layer's row: its state's
-    conv and s; a shared KV layer's: its source's), `slots`, `n_keys`: where each layer
-    appends (-1: nothing) and how many keys it attends ((L,); B sequences: (2, B) by span)."""
+    """The KV stores a step reads and appends to: `layout` (layout_of: their format, KV
+    heads and slots, which every layer that attends shares), `kv_at` (L, arrays of both;
+    B sequences: (L, B, ...)): each layer's stores at their addresses (a recurrent layer's
+    row: its state's conv and s; a shared KV layer's: its source's), `slots`, `n_keys`:
+    where each layer appends (-1: nothing) and how many keys it attends ((L,); B
+    sequences: (2, B) by span)."""
 
-    keys: tuple
-    values: tuple
+    layout: np.ndarray
     kv_at: np.ndarray
     slots: np.ndarray
     n_keys: np.ndarray
@@ -301,17 +301,72 @@ def product(sync, k, threads, rows, factors, p0, p1, x, norm, eps, mode, add, ou
 
 
 @kernel
-def attend(sync, k, qkv, cos, sin, spec, keys, values, slot, n, run, top, total, part):
-    """Phase k: the attention tasks (attention.attend_task), one at a time."""
-    tasks = values[0].shape[0] * part.shape[1]
+def attend(sync, k, qkv, cos, sin, spec, layout, at, hd, slot, n, run, top, total, part):
+    """Phase k: the attention tasks (attention.attend_task), one at a time, on the layer's
+    stores at the addresses `at` (layout: Stores')."""
+    tasks = layout[KV_HEADS] * part.shape[1]
     finished = 0
     t = take(sync, k, 1, tasks)
     while t < tasks:
-        attention.attend_task(qkv, cos, sin, spec, keys, values, slot, n, t, run, top, total,
-                              part)  # fmt: skip
+        task_at(qkv, cos, sin, spec, layout, at, hd, slot, n, t, run, top, total, part)
         finished += 1
         t = take(sync, k, 1, tasks)
     finish(sync, k, finished, tasks)
+
+
+# Stores' layout: the format (what a store's first array holds: float32, float16 bits,
+# q8_0's codes with a float16 scale per block), the KV heads and the slots. The one-call
+# steps take the format as a value, not as their stores' types: one compiled walker reads
+# all three (each of decode_layers and decode_few cost 25-45 s to compile, per format).
+KV_FORMAT, KV_HEADS, KV_SLOTS = range(3)
+KV_F32, KV_F16, KV_Q8_0 = range(3)
+KV_CODES = {"float32": KV_F32, "uint16": KV_F16, "int8": KV_Q8_0}
+
+
+def layout_of(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Stores' layout of a layer's key and value stores (their arrays)."""
+    return np.array([KV_CODES[keys[0].dtype.name], *values[0].shape[:2]], np.int64)
+
+
+@kernel(inline=True)
+def float_stores(layout, at, hd, dtype):
+    """A layer's keys (tiled) and values of head_dim hd in a float format (float32, or
+    float16 bits as uint16) at the addresses at[0], at[1]."""
+    n_kv, slots = layout[KV_HEADS], layout[KV_SLOTS]
+    keys = (carray(voidptr(at[0]), (n_kv, -(-slots // attention.TILE), hd, attention.TILE),
+                   dtype),)  # fmt: skip
+    return keys, (carray(voidptr(at[1]), (n_kv, slots, hd), dtype),)
+
+
+@kernel(inline=True)
+def q8_0_stores(layout, at, hd):
+    """A layer's q8_0 keys (tiled) and values of head_dim hd at the addresses at[0:4]:
+    each its codes, then its scales."""
+    n_kv, slots, tile = layout[KV_HEADS], layout[KV_SLOTS], attention.TILE
+    tiles = -(-slots // tile)
+    keys = (carray(voidptr(at[0]), (n_kv, tiles, hd, tile), np.int8),
+            carray(voidptr(at[1]), (n_kv, tiles, hd // BLOCK, tile), np.uint16))  # fmt: skip
+    values = (carray(voidptr(at[2]), (n_kv, slots, hd), np.int8),
+              carray(voidptr(at[3]), (n_kv, slots, hd // BLOCK), np.uint16))  # fmt: skip
+    return keys, values
+
+
+@kernel(inline=True)
+def task_at(qkv, cos, sin, spec, layout, at, hd, slot, n, t, run, top, total, part):
+    """attention.attend_task on a layer's stores at the addresses `at`, in the format
+    that `layout` names."""
+    if layout[KV_FORMAT] == KV_Q8_0:
+        keys, values = q8_0_stores(layout, at, hd)
+        attention.attend_task(qkv, cos, sin, spec, keys, values, slot, n, t, run, top, total,
+                              part)  # fmt: skip
+    elif layout[KV_FORMAT] == KV_F16:
+        keys, values = float_stores(layout, at, hd, np.uint16)
+        attention.attend_task(qkv, cos, sin, spec, keys, values, slot, n, t, run, top, total,
+                              part)  # fmt: skip
+    else:
+        keys, values = float_stores(layout, at, hd, np.float32)
+        attention.attend_task(qkv, cos, sin, spec, keys, values, slot, n, t, run, top, total,
+                              part)  # fmt: skip
 
 
 def at_addresses(store, at, hd):
@@ -387,37 +442,38 @@ def pieces_of_sequence(first, at, b, n_kv, hd, top, total, part):
 
 
 @kernel(inline=True)
-def batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, t, tasks):
-    """Task t of a batch's attention (tasks: what batch_tasks returned): attention.
-    attend_task for the sequence whose tasks hold t, in its own KV stores (kv_at (B,
-    arrays of both): each sequence's at their addresses)."""
+def batch_piece(tasks, t, n_kv, hd):
+    """Where task t of a batch's attention (tasks: what batch_tasks returned) lies: its
+    sequence b, its number among b's tasks, b's run of tiles per piece, and b's top, total
+    and part (attention.attend_task's)."""
     first, at, runs, top, total, part = tasks
-    nk, n_kv, hd = len(keys), values[0].shape[0], values[0].shape[2]
     b = np.searchsorted(first, t, side="right") - 1
-    kk = at_addresses(keys, kv_at[b, :nk], hd)
-    vv = at_addresses(values, kv_at[b, nk:], hd)
     top_b, total_b, part_b = pieces_of_sequence(first, at, b, n_kv, hd, top, total, part)
-    attention.attend_task(qkv[b], cos[b], sin[b], spec, kk, vv, slots[b], ns[b], t - first[b],
-                          runs[b], top_b, total_b, part_b)  # fmt: skip
+    return b, t - first[b], runs[b], top_b, total_b, part_b
 
 
 @kernel(parallel=True)
 def attend_batch(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, out):
     """One decode step of one layer for B sequences in one call: every sequence's
-    attention tasks (batch_task) in one parallel loop, then each sequence's pieces
-    combined. qkv (B, ...) the tokens' projections; cos, sin (B, rotary / 2); spec: the
-    layer's (attention.spec_of); keys, values: sequence 0's stores of this layer (their
-    shapes and format, which every sequence's share); kv_at (B, arrays of both): each
-    sequence's stores at their addresses; slots, ns (B,): where each appends (-1:
-    nothing) and how many keys it attends; out (B, n_heads * hd). Each sequence gets the
-    bits attention.attend gives it alone (the same tasks, combined in order)."""
-    n_kv, hd = values[0].shape[0], values[0].shape[2]
+    attention tasks (attention.attend_task on its own stores) in one parallel loop, then
+    each sequence's pieces combined. qkv (B, ...) the tokens' projections; cos, sin (B,
+    rotary / 2); spec: the layer's (attention.spec_of); keys, values: sequence 0's stores
+    of this layer (their shapes and format, which every sequence's share); kv_at (B,
+    arrays of both): each sequence's stores at their addresses; slots, ns (B,): where each
+    appends (-1: nothing) and how many keys it attends; out (B, n_heads * hd). Each
+    sequence gets the bits attention.attend gives it alone (the same tasks, combined in
+    order)."""
+    nk, n_kv, hd = len(keys), values[0].shape[0], values[0].shape[2]
     tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
     first, at, _, top, total, part = tasks
     n = first[-1]
     for i in prange(n):  # from both ends in turn: each thread's share of a ramp of depths
         task = np.int64(i) // 2 if i % 2 == 0 else n - 1 - np.int64(i) // 2
-        batch_task(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, task, tasks)
+        b, t, run, top_b, total_b, part_b = batch_piece(tasks, task, n_kv, hd)
+        kk = at_addresses(keys, kv_at[b, :nk], hd)
+        vv = at_addresses(values, kv_at[b, nk:], hd)
+        attention.attend_task(qkv[b], cos[b], sin[b], spec, kk, vv, slots[b], ns[b], t, run,
+                              top_b, total_b, part_b)  # fmt: skip
     for b in prange(qkv.shape[0]):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 
@@ -764,16 +820,14 @@ def attention_phase(sync, k, h, i, eps, angles, stores, flat, mixing, own, gate,
     (returned), each array shaped by the layer's row of mixing's shapes: its head_dim, its
     stores at their addresses (kv_at[i]), its angles, its norms and scale."""
     cos, sin, spec = angles
-    keys, values, kv_at, slots, n_keys = stores
-    shape, nk, n_kv = mixing[5][i], len(keys), values[0].shape[0]
+    layout, kv_at, slots, n_keys = stores
+    shape, n_kv = mixing[5][i], layout[KV_HEADS]
     hd, q_dim, half = shape[HEAD_DIM], shape[Q_DIM], shape[HALF]
     gated = mixing[2][GATED] != 0  # qwen3_5: each head's q then its gate
     a = attention_input(h, shape, n_kv, eps, gated, own, gate)
-    kk = at_addresses(keys, kv_at[i, :nk], hd)
-    vv = at_addresses(values, kv_at[i, nk:], hd)
     top, total, part, run = pieces_in(flat, q_dim // hd, n_keys[i], hd)
-    attend(sync, k, a, cos[i, :half], sin[i, :half], layer_spec(spec, i, shape), kk, vv,
-           slots[i], n_keys[i], run, top, total, part)  # fmt: skip
+    attend(sync, k, a, cos[i, :half], sin[i, :half], layer_spec(spec, i, shape), layout,
+           kv_at[i], hd, slots[i], n_keys[i], run, top, total, part)  # fmt: skip
     mixed = att[:q_dim]
     attention.combine(top, total, part, mixed)
     if gated:
@@ -903,10 +957,10 @@ def decode_layers(x, weights, eps, form, angles, stores, ints, threads, moe, mix
     gate_ups = np.empty((experts[1], gate_up.shape[0]), np.float32)
     outs = np.empty((experts[1], x.shape[0]), np.float32)
     cos, sin, spec = angles
-    keys, values, kv_at, slots, n_keys = stores
+    layout, kv_at, slots, n_keys = stores
     for _ in prange(threads):  # (the groups made again in the loop: see IN_THE_LOOP)
         member(sync, threads, x, weights, eps, form, Angles(cos, sin, spec),
-               Stores(keys, values, kv_at, slots, n_keys), ints, moe, mixing, per_layer,
+               Stores(layout, kv_at, slots, n_keys), ints, moe, mixing, per_layer,
                (qkv, gate_up, y, flat, logits, gate_ups, outs, mixer_bufs), q_dim)  # fmt: skip
     return sync
 
@@ -934,8 +988,9 @@ def moe_spec(n_experts: int, k: int, renormalize: bool) -> np.ndarray:
 
 
 def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> None:
-    """Compile decode_layers (or load it from the disk cache) for the KV format of these
-    stores (one KV head of 32, tiled keys), on one layer of width 32 in float32."""
+    """Compile decode_layers (or load it from the disk cache: one kernel for every KV
+    format), running it on these stores (one KV head of 32, tiled keys), on one layer of
+    width 32 in float32."""
     dim, hd = 32, values[0].shape[2]
     ws = [np.zeros((rows, cols), np.float32) for rows, cols in
           ((3 * hd, dim), (dim, hd), (dim, dim), (dim, dim // 2))]  # fmt: skip
@@ -946,7 +1001,7 @@ def warm_up(keys: tuple[np.ndarray, ...], values: tuple[np.ndarray, ...]) -> Non
     none = np.zeros((1, 0), np.float32)
     spec = attention.spec_of(none, none, 1e-5, np.ones(1, np.float32), 0.0)
     weights = Weights(t.rows, t.factors, plan, np.ones((1, 5, dim), np.float32), none)
-    stores = Stores(keys, values, kv_at, np.zeros(1, np.int64), np.ones(1, np.int64))
+    stores = Stores(layout_of(keys, values), kv_at, np.zeros(1, np.int64), np.ones(1, np.int64))
     moe = Experts(DENSE, np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64))
     decode_layers(np.ones(dim, np.float32), weights, np.float32(1e-5),
                   (NORM, SWIGLU, False, np.float32(1)), Angles(cos, cos * 0, spec), stores, 0, 1,
