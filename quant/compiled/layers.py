@@ -15,7 +15,8 @@ The weights reach the kernel as a table of addresses, one row per matrix (`Table
 then unboxes two small arrays instead of ~120 matrices' arrays (a numba typed List of them
 measured ~30 us a call to unbox and ~1 s to build), and a row of any format fits the same
 table. The arrays themselves stay where the formats keep them; the Table holds them alive.
-The KV cache's layers reach it the same way, as addresses of arrays of one shape.
+The KV cache's layers reach it the same way, as addresses of arrays of one shape, their
+format a value (Stores.layout): one compiled step reads every KV format.
 """
 
 from __future__ import annotations
