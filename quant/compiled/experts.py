@@ -21,9 +21,9 @@ import numpy as np
 from numba import prange
 
 from . import intdot
-from .fewlayers import lay, run_rows
+from .fewlayers import run_rows
 from .jit import kernel
-from .layers import KIND, Q8_0, ROWS, chunks
+from .layers import KIND, Q8_0, ROWS, chunks, lay
 from .matvec import CHUNK
 from .ops import PLAIN, experts_add, prepare_row
 from .team import LINE, finish, grain_of, take

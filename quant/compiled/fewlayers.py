@@ -21,7 +21,7 @@ as integers (`ints` 8 or 16), or as float32 where every matrix is in a float for
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, prange
+from numba import prange
 
 from . import attention, fewdot, intdot
 from .jit import kernel
@@ -39,7 +39,6 @@ from .layers import (
     PHASES,
     Q8_0,
     ROWS,
-    V_DIM,
     Angles,
     Stores,
     attention_shape,
@@ -47,29 +46,21 @@ from .layers import (
     batch_tasks,
     chunks,
     gate_rows,
+    lay,
     layer_spec,
-    mixer_item,
-    mixer_items,
+    mixer_phase,
     mixer_scratch,
-    mixer_width,
     operand,
     out_rows,
     pieces_of_sequence,
+    residual_phase,
     task_at,
     ungate,
-    voidptr,
     widest,
 )
 from .matvec import CHUNK
-from .ops import NORM, PLAIN, prepare_rows, residual
+from .ops import NORM, PLAIN, prepare_rows
 from .team import LINE, finish, grain_of, start, take
-
-
-@kernel(inline=True)
-def lay(buf, rows, cols, dtype):
-    """The first rows * cols values of the 1-D buffer buf as a (rows, cols) C-contiguous
-    array of dtype (buf's own)."""
-    return carray(voidptr(buf.ctypes.data), (rows, cols), dtype)
 
 
 @kernel
@@ -221,42 +212,6 @@ def attend(sync, k, qkv, cos, sin, spec, layout, kv_at, hd, slots, ns, tasks, at
     finish(sync, k, finished, n)
     for b in range(qkv.shape[0]):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), att[b])
-
-
-@kernel
-def residual_phase(sync, k, x, y, norm, eps, scale):
-    """Phase k, one item: every row of x += scale * rmsnorm(y's row) * norm (ops.residual,
-    row by row as the calls one by one run it)."""
-    if take(sync, k, 1, 1) < 1:
-        for v in range(x.shape[0]):
-            residual(x[v], y[v], norm, eps, scale)
-        finish(sync, k, 1, 1)
-    else:
-        finish(sync, k, 0, 1)
-
-
-@kernel
-def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
-    """Phase k: a recurrent layer's mixer for each of B sequences (layers.mixer_item), on
-    their input projections h (B, in): B times its items, sequence b's state at
-    state_at[b]; their outputs into bufs' `mixed` as (B, width)."""
-    dims, nb = mixing[2], h.shape[0]
-    width, per = mixer_width(kind, dims, dim), mixer_items(kind, dims, dim)
-    mixed = lay(bufs[0], nb, width, np.float32)
-    conv_qkv = lay(bufs[1], nb, bufs[1].shape[0] // nb, np.float32)
-    bx = lay(bufs[2], nb, bufs[2].shape[0] // nb, np.float32)
-    sk, sq = np.empty(dims[V_DIM], np.float32), np.empty(dims[V_DIM], np.float32)
-    finished, n = 0, nb * per
-    t = take(sync, k, 1, n)
-    while t < n:
-        b, item = t // per, t % per
-        mixer_item(kind, h[b].reshape((1, h.shape[1])), mixing, at, state_at[b], eps, item,
-                   mixed[b].reshape((1, width)), conv_qkv[b].reshape((1, conv_qkv.shape[1])),
-                   bx[b].reshape((1, bx.shape[1])), sk, sq)  # fmt: skip
-        finished += 1
-        t = take(sync, k, 1, n)
-    finish(sync, k, finished, n)
-    return mixed
 
 
 @kernel

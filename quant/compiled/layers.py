@@ -409,6 +409,13 @@ def out_rows(rows, p0, p1):
 
 
 @kernel(inline=True)
+def lay(buf, rows, cols, dtype):
+    """The first rows * cols values of the 1-D buffer buf as a (rows, cols) C-contiguous
+    array of dtype (buf's own)."""
+    return carray(voidptr(buf.ctypes.data), (rows, cols), dtype)
+
+
+@kernel(inline=True)
 def rows_at(buf, at, rows, cols):
     """buf[at:at + rows * cols] (float32, 1-D) as a (rows, cols) C-contiguous array."""
     return carray(voidptr(buf.ctypes.data + 4 * at), (rows, cols), np.float32)
@@ -607,9 +614,11 @@ def mlp_of_experts(sync, k, threads, rows, factors, p, router, x, y, norms, eps,
 
 @kernel
 def residual_phase(sync, k, x, y, norm, eps, scale):
-    """Phase k, one item: x += scale * rmsnorm(y) * norm (ops.residual)."""
+    """Phase k, one item: every row of x += scale * rmsnorm(y's row) * norm (ops.residual,
+    row by row as the calls one by one run it)."""
     if take(sync, k, 1, 1) < 1:
-        residual(x, y, norm, eps, scale)
+        for v in range(x.shape[0]):
+            residual(x[v], y[v], norm, eps, scale)
         finish(sync, k, 1, 1)
     else:
         finish(sync, k, 0, 1)
@@ -722,22 +731,27 @@ def mixer_item(kind, h, mixing, at, state_at, eps, item, out, conv_qkv, bx, sk, 
 
 @kernel
 def mixer_phase(sync, k, kind, h, mixing, at, state_at, eps, dim, bufs):
-    """Phase k: a recurrent layer's mixer on its input projection's row h (one token) into
-    bufs' `mixed`, item by item (mixer_item). bufs: the shared scratch (mixed, the
-    convolved q k v, B * x)."""
-    dims = mixing[2]
-    mixed, conv_qkv, bx = bufs
-    width, n = mixer_width(kind, dims, dim), mixer_items(kind, dims, dim)
-    h2, out = h.reshape((1, h.shape[0])), mixed[:width].reshape((1, width))
-    cq, b2 = conv_qkv.reshape((1, conv_qkv.shape[0])), bx.reshape((1, bx.shape[0]))
+    """Phase k: a recurrent layer's mixer for each of B sequences (mixer_item), on their
+    input projections h (B, in): B times its items, sequence b's state at state_at[b];
+    their outputs into bufs' `mixed` as (B, width), returned. bufs: the shared scratch
+    (mixer_scratch's, B times: mixed, the convolved q k v, B * x)."""
+    dims, nb = mixing[2], h.shape[0]
+    width, per = mixer_width(kind, dims, dim), mixer_items(kind, dims, dim)
+    mixed = lay(bufs[0], nb, width, np.float32)
+    conv_qkv = lay(bufs[1], nb, bufs[1].shape[0] // nb, np.float32)
+    bx = lay(bufs[2], nb, bufs[2].shape[0] // nb, np.float32)
     sk, sq = np.empty(dims[V_DIM], np.float32), np.empty(dims[V_DIM], np.float32)
-    finished = 0
+    finished, n = 0, nb * per
     t = take(sync, k, 1, n)
     while t < n:
-        mixer_item(kind, h2, mixing, at, state_at, eps, t, out, cq, b2, sk, sq)
+        b, item = t // per, t % per
+        mixer_item(kind, h[b].reshape((1, h.shape[1])), mixing, at, state_at[b], eps, item,
+                   mixed[b].reshape((1, width)), conv_qkv[b].reshape((1, conv_qkv.shape[1])),
+                   bx[b].reshape((1, bx.shape[1])), sk, sq)  # fmt: skip
         finished += 1
         t = take(sync, k, 1, n)
     finish(sync, k, finished, n)
+    return mixed
 
 
 @kernel(inline=True)
@@ -860,6 +874,8 @@ def member(sync, threads, x, weights, eps, form, angles, stores, ints, moe, mixi
     post_n = x.shape[0] if post else 0  # the post-norms' length (0: none)
     phases, scalars = phases_of(experts, per_layer), per_layer[1]
     sel, w = np.empty(max(experts[1], 1), np.int64), np.empty(max(experts[1], 1), np.float32)
+    # x and y as one row: the residual and mixer phases take B rows (decode_few's too)
+    rows_of_x, rows_of_y = x.reshape((1, x.shape[0])), y.reshape((1, y.shape[0]))
     for i in range(plan.shape[0]):
         p, k, kind = plan[i], phases * i, kinds[i]
         h = qkv[: out_rows(rows, p[0, 0], p[0, 1])]
@@ -869,13 +885,14 @@ def member(sync, threads, x, weights, eps, form, angles, stores, ints, moe, mixi
             mixed = attention_phase(sync, k + 1, h, i, eps, angles, stores, flat, mixing, qv,
                                     gate, att)  # fmt: skip
         else:  # a recurrent mixer: its state's addresses in the layer's row of kv_at
-            mixer_phase(sync, k + 1, kind, h, mixing, mix_at[i], stores.kv_at[i], eps,
-                        x.shape[0], mixer_bufs)  # fmt: skip
-            mixed = mixer_bufs[0][: mixer_width(kind, dims, x.shape[0])]
+            one = mixer_phase(sync, k + 1, kind, h.reshape((1, h.shape[0])), mixing, mix_at[i],
+                              stores.kv_at[i].reshape((1, -1)), eps, x.shape[0],
+                              mixer_bufs)  # fmt: skip
+            mixed = one[0]
         product(sync, k + 2, threads, rows, factors, p[1, 0], p[1, 1], mixed, norms[i, 0], eps,
                 PLAIN, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
-            residual_phase(sync, k + 3, x, y, norms[i, 2, :post_n], eps, scale)
+            residual_phase(sync, k + 3, rows_of_x, rows_of_y, norms[i, 2, :post_n], eps, scale)
         if experts[0]:
             mlp_of_experts(sync, k + 4, threads, rows, factors, p, moe.routers[i], x, y,
                            (norms[i, 1], norms[i, 3, :post_n]), eps, form,
@@ -888,7 +905,7 @@ def member(sync, threads, x, weights, eps, form, angles, stores, ints, moe, mixi
         product(sync, k + 5, threads, rows, factors, p[3, 0], p[3, 1], g, norms[i, 1], eps,
                 gate_mode, fused, x if fused else y, none, buf, ints)  # fmt: skip
         if not fused:
-            residual_phase(sync, k + 6, x, y, norms[i, 3, :post_n], eps, scale)
+            residual_phase(sync, k + 6, rows_of_x, rows_of_y, norms[i, 3, :post_n], eps, scale)
         if phases == LAYERED_PHASES:
             per_layer_add(sync, k + 7, threads, rows, factors, p, x, y, norms[i, 4], eps,
                           gate_mode, per_layer[0][i], scalars[i : i + min(scalars.shape[0], 1)],
