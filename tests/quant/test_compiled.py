@@ -199,6 +199,18 @@ def check_attention(kv: str, n_heads: int, n_kv: int, n: int, hd: int, kind: str
     assert np.array_equal(cv.load(0, n), rv.load(0, n))
 
 
+def test_the_progress_bar_counts_every_stage_of_the_warm_up(monkeypatch):
+    """A first run's progress bar (api.compile_notice) is sized by warm_up_stages: as many
+    stages as compiled.warm_up hands take_turns (here taken, not run)."""
+    import quant.compiled
+    from quant.backends import warm_up_stages
+
+    handed = []
+    monkeypatch.setattr(quant.compiled, "take_turns", lambda stages, *a: handed.extend(stages))
+    quant.compiled.warm_up(COMPILED, list(KV_FORMATS), "int16")
+    assert len(handed) == warm_up_stages() and handed[0][0] == "one-call step"
+
+
 @pytest.mark.parametrize("kv", sorted(KV_FORMATS))
 @pytest.mark.parametrize(("n_heads", "n_kv"), [(4, 2), (3, 3), (14, 2)])
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 4100, 4620])
