@@ -8,7 +8,7 @@ rounding, the down products, and each token's weighted sum added to its residual
 A product phase's work items are chunks of rows of the chosen experts, one expert after
 another: a thread streams an expert's chunk once and multiplies it by every pair routed
 to that expert, four vectors at a time with fewdot's kernels (the codes decoded once for
-the four) and the rest one by one, while the chunk is in its caches.
+the four) and the rest (one to three) together, while the chunk is in its caches.
 
 The pairs are rows p = t k + j (token t's j-th expert, the experts of a token in
 ascending order): the rows of the inputs, of the outputs and of `members`, which lists
@@ -55,15 +55,21 @@ def round_phase(sync, k, x, per, norm, eps, mode, h, xs, quantize):
 @kernel(inline=True)
 def run_part(rows, factors, p, h, xs, members, m0, m1, c0, c1, out):
     """Chunks c0:c1 of W_p times the pairs members[m0:m1], into their rows of out: four at
-    a time (the codes decoded once for the four; two or three padded with the last one,
-    whose row is then written twice with the same numbers), a last one alone: two kernels
-    compiled per format, whatever the counts."""
-    m, last = m0, m1 - 1
-    while m < last:
-        vs = (members[m], members[m + 1], members[min(m + 2, last)], members[min(m + 3, last)])
+    a time (the codes decoded once for the four), then the last one, two or three
+    together: fewdot's kernels for one to four vectors, each vector the bits it gets alone.
+    Two or three padded to four would pay four's multiply-adds (four vectors take 3-3.2x
+    one's time)."""
+    m = m0
+    while m1 - m >= 4:
+        vs = (members[m], members[m + 1], members[m + 2], members[m + 3])
         run_rows(rows, factors, p, h, xs, vs, c0, c1, False, out)
         m += 4
-    if m == last:
+    if m1 - m == 3:
+        vs3 = (members[m], members[m + 1], members[m + 2])
+        run_rows(rows, factors, p, h, xs, vs3, c0, c1, False, out)
+    elif m1 - m == 2:
+        run_rows(rows, factors, p, h, xs, (members[m], members[m + 1]), c0, c1, False, out)
+    elif m1 - m == 1:
         run_rows(rows, factors, p, h, xs, (members[m],), c0, c1, False, out)
 
 

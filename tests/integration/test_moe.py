@@ -101,7 +101,7 @@ def test_a_router_of_ties_sends_every_token_to_the_first_k_experts(kernels, arch
 def test_the_experts_step_agrees_on_every_backend(fmt, dim, width, tokens):
     """The chosen experts' step on the same routes: each chosen expert's product of its
     tokens' rows, weighted, added. The compiled one (one call per layer for several
-    tokens: quant.compiled.experts, four vectors at a time and the rest one by one; a
+    tokens: quant.compiled.experts, four vectors at a time and the rest together; a
     stack of two formats) equals the NumPy reference within float32 rounding on float
     weights (odd widths), within x's rounding on quantized ones (x rounded to int16 and
     int8; with float x, CompiledOps.moe takes the grouped products of NumpyOps)."""
