@@ -31,7 +31,7 @@ def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32", progress=Non
     import numpy as np
 
     rng = np.random.default_rng(0)
-    # the one-call step first (~60 s cold on a Zen 4; a KV format's attention and a weight
+    # the one-call step first (~80 s cold on a Zen 4; a KV format's attention and a weight
     # format's products 0-20 s each), so that processes sharing the stages finish together
     stages = [("one-call step", _step_stage)]
     stages += [(f"kv {kv}", functools.partial(_kv_stage, kv, rng)) for kv in kv_formats]
