@@ -24,7 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # The compile-order check second: with test_compiled second and it third, a warm suite
 # took 585 s against 493, test_smollm2 165 worker seconds against 86 (2026-11-29, before
 # a model's load took the worker's share of the cores: its compiled teams of two threads
-# likely waited for a thread the check's compiling process displaced).
+# likely waited for a thread the check's compiling process displaced); and cold, with the
+# share, 717 s against 666 (test_compiled 368 worker seconds against 230; 2026-11-29).
 DEAREST = ["integration/test_qwen.py", "llama_np/model/test_compile_order.py",
            "quant/test_compiled.py", "integration/test_smollm2.py",
            "integration/test_robustness.py", "integration/test_serve.py",
