@@ -197,6 +197,12 @@ class PackedLayers:
         return self._inputs, self.scalars
 
 
+def layout_and_width(stores: tuple) -> tuple[np.ndarray, int]:
+    """A layer's (keys, values) arrays as layers.attend_batch takes them: their layout
+    (layers.layout_of) and head_dim."""
+    return layers.layout_of(*stores), stores[1][0].shape[2]
+
+
 def rows_of(vectors: list) -> np.ndarray:
     """Vectors of any widths as the rows of one (L, widest) float32 array, zeros past each
     (None: a row of zeros): a layer's norms, read as wide as its own (layers.layer_spec)."""
@@ -434,7 +440,7 @@ class CompiledOps(NumpyOps):
         out = np.empty((qkv.shape[0], c.q_dim), np.float32)
         layers.attend_batch(np.ascontiguousarray(qkv), np.stack([r.cos[0] for r in rots]),
                             np.stack([r.sin[0] for r in rots]), attention_spec(c, qk),
-                            *caches[0].arrays(layer), kv_at,
+                            *layout_and_width(caches[0].arrays(layer)), kv_at,
                             np.array([s.slot for s in spans], np.int64),
                             np.array([s.n_keys for s in spans], np.int64), out)  # fmt: skip
         return out
@@ -455,7 +461,8 @@ class CompiledOps(NumpyOps):
         at = self.kv_layout(cache)[1][layer]
         out = np.empty((t, c.q_dim), np.float32)
         kv_at, none = np.repeat(at[None], t, 0), np.full(t, -1, np.int64)  # slot -1: no append
-        layers.attend_batch(qkv, rot.cos, rot.sin, spec, keys, values, kv_at, none,
+        layers.attend_batch(qkv, rot.cos, rot.sin, spec, *layout_and_width((keys, values)),
+                            kv_at, none,
                             np.arange(p0 + 1, p0 + t + 1), out)  # fmt: skip
         return out
 
@@ -660,7 +667,7 @@ class CompiledOps(NumpyOps):
         at = self.kv_layout(cache)[1][layer]
         ns = np.array([span.n_keys], np.int64) if t == 1 else np.arange(p0 + 1, p0 + t + 1)
         out = np.empty((t, c.q_dim), np.float32)
-        layers.attend_batch(np.ascontiguousarray(q), rot.cos, rot.sin, attention_spec(c, qk), keys,
-                            values, np.repeat(at[None], t, 0), np.full(t, -1, np.int64), ns,
-                            out)  # fmt: skip
+        layers.attend_batch(np.ascontiguousarray(q), rot.cos, rot.sin, attention_spec(c, qk),
+                            *layout_and_width((keys, values)), np.repeat(at[None], t, 0),
+                            np.full(t, -1, np.int64), ns, out)  # fmt: skip
         return out

@@ -97,7 +97,8 @@ def _kv_stage(kv: str, rng) -> None:
     kv_at = np.array([[layers.address(a) for a in stores[0] + stores[1]]] * 2, np.int64)
     two, pair = np.ones(2, np.int64), np.empty((2, 32), np.float32)
     layers.attend_batch(np.stack([qkv, qkv]), np.stack([cos, cos]), np.stack([sin, sin]),
-                        spec, *stores, kv_at, two - 1, two, pair)  # fmt: skip
+                        spec, layers.layout_of(*stores), 32, kv_at, two - 1, two,
+                        pair)  # fmt: skip
 
 
 def _step_stage() -> None:

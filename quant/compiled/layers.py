@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import carray, prange, types
-from numba.core.extending import intrinsic, overload
+from numba.core.extending import intrinsic
 
 from ..ggml import BLOCK
 from . import attention, ggml, intdot, matvec, recurrent
@@ -370,35 +370,6 @@ def task_at(qkv, cos, sin, spec, layout, at, hd, slot, n, t, run, top, total, pa
                               part)  # fmt: skip
 
 
-def at_addresses(store, at, hd):
-    """A layer's KV store: `store`'s tuple of arrays (another layer's) with its dtypes and
-    shapes, but for head_dim hd (the width per slot: gemma4's layers differ), at the
-    addresses `at` (one per array; q8_0's second array, its scales, hd / 32 wide)."""
-
-
-def widened(shape, width):
-    """A store's array shape with its width per slot (axis 2) replaced."""
-
-
-@overload(widened, inline="always")
-def _widened(shape, width):
-    if len(shape) == 4:  # keys, tiled: (n_kv, tiles, width, 16)
-        return lambda shape, width: (shape[0], shape[1], width, shape[3])
-    return lambda shape, width: (shape[0], shape[1], width)  # values: (n_kv, slots, width)
-
-
-@overload(at_addresses, inline="always")
-def _at_addresses(store, at, hd):
-    if len(store) == 1:
-        return lambda store, at, hd: (
-            carray(voidptr(at[0]), widened(store[0].shape, hd), store[0].dtype),
-        )
-    return lambda store, at, hd: (
-        carray(voidptr(at[0]), widened(store[0].shape, hd), store[0].dtype),
-        carray(voidptr(at[1]), widened(store[1].shape, hd // BLOCK), store[1].dtype),
-    )
-
-
 @kernel
 def out_rows(rows, p0, p1):
     """Rows of the matrix that table rows p0:p1 stack."""
@@ -461,27 +432,24 @@ def batch_piece(tasks, t, n_kv, hd):
 
 
 @kernel(parallel=True)
-def attend_batch(qkv, cos, sin, spec, keys, values, kv_at, slots, ns, out):
+def attend_batch(qkv, cos, sin, spec, layout, hd, kv_at, slots, ns, out):
     """One decode step of one layer for B sequences in one call: every sequence's
-    attention tasks (attention.attend_task on its own stores) in one parallel loop, then
-    each sequence's pieces combined. qkv (B, ...) the tokens' projections; cos, sin (B,
-    rotary / 2); spec: the layer's (attention.spec_of); keys, values: sequence 0's stores
-    of this layer (their shapes and format, which every sequence's share); kv_at (B,
-    arrays of both): each sequence's stores at their addresses; slots, ns (B,): where each
-    appends (-1: nothing) and how many keys it attends; out (B, n_heads * hd). Each
-    sequence gets the bits attention.attend gives it alone (the same tasks, combined in
-    order)."""
-    nk, n_kv, hd = len(keys), values[0].shape[0], values[0].shape[2]
+    attention tasks (task_at, on its own stores) in one parallel loop, then each
+    sequence's pieces combined. qkv (B, ...) the tokens' projections; cos, sin (B, rotary
+    / 2); spec: the layer's (attention.spec_of); layout, hd: the stores' (Stores.layout,
+    which every sequence's share) and the layer's head_dim; kv_at (B, arrays of both):
+    each sequence's stores at their addresses; slots, ns (B,): where each appends (-1:
+    nothing) and how many keys it attends; out (B, n_heads * hd). Each sequence gets the
+    bits attention.attend gives it alone (the same tasks, combined in order)."""
+    n_kv = layout[KV_HEADS]
     tasks = batch_tasks(ns, n_kv, out.shape[1] // hd, hd)
     first, at, _, top, total, part = tasks
     n = first[-1]
     for i in prange(n):  # from both ends in turn: each thread's share of a ramp of depths
         task = np.int64(i) // 2 if i % 2 == 0 else n - 1 - np.int64(i) // 2
         b, t, run, top_b, total_b, part_b = batch_piece(tasks, task, n_kv, hd)
-        kk = at_addresses(keys, kv_at[b, :nk], hd)
-        vv = at_addresses(values, kv_at[b, nk:], hd)
-        attention.attend_task(qkv[b], cos[b], sin[b], spec, kk, vv, slots[b], ns[b], t, run,
-                              top_b, total_b, part_b)  # fmt: skip
+        task_at(qkv[b], cos[b], sin[b], spec, layout, kv_at[b], hd, slots[b], ns[b], t, run,
+                top_b, total_b, part_b)  # fmt: skip
     for b in prange(qkv.shape[0]):
         attention.combine(*pieces_of_sequence(first, at, b, n_kv, hd, top, total, part), out[b])
 

@@ -583,8 +583,9 @@ def test_batched_attention_gives_each_sequence_its_bits_alone(kv, kind):
     batch = [(tuple(k.arrays()), tuple(v.arrays())) for _, (k, v) in pairs]
     kv_at = np.array([[layers.address(a) for a in k + v] for k, v in batch], np.int64)
     together = np.empty_like(alone)
-    layers.attend_batch(qkv, cos, sin, spec, *batch[0], kv_at, np.array(slots, np.int64),
-                        np.array(depths, np.int64), together)  # fmt: skip
+    layers.attend_batch(qkv, cos, sin, spec, layers.layout_of(*batch[0]), hd, kv_at,
+                        np.array(slots, np.int64), np.array(depths, np.int64),
+                        together)  # fmt: skip
     within = SAME_WITHIN[kv]
     np.testing.assert_allclose(together, alone, rtol=0, atol=within * np.abs(alone).max())
     for (a, b), n in zip(pairs, depths, strict=True):
@@ -625,8 +626,9 @@ def test_a_prompt_in_two_calls_is_decode_token_by_token(kv, n_heads, n_kv, hd, p
     layers.append_tokens(qkv, cos, sin, spec, keys, values, p0)
     kv_at = np.repeat(np.array([[layers.address(a) for a in keys + values]], np.int64), t, 0)
     prompt = np.empty_like(alone)
-    layers.attend_batch(qkv, cos, sin, spec, keys, values, kv_at, np.full(t, -1, np.int64),
-                        np.arange(p0 + 1, p0 + t + 1), prompt)  # fmt: skip
+    layers.attend_batch(qkv, cos, sin, spec, layers.layout_of(keys, values), hd, kv_at,
+                        np.full(t, -1, np.int64), np.arange(p0 + 1, p0 + t + 1),
+                        prompt)  # fmt: skip
     assert np.array_equal(prompt, alone)
     for a, b in ((pk, dk), (pv, dv)):
         assert all(np.array_equal(x, y) for x, y in zip(a.arrays(), b.arrays(), strict=True))
