@@ -4,8 +4,9 @@
 Engines: llama-np in each weight format, on its compiled kernels (numba) and on its NumPy
 kernels; transformers on torch (f32, eager) when installed; llama.cpp's llama-bench
 (scripts/llama_cpp.sh) on the native file and on GGUF files written with the gguf package
-from the same weights. Each engine lives in its own process, loaded once and kept for the whole run, so no engine's thread pool can disturb another's (an
-idle OpenMP or ggml pool that spins steals a core). They run in interleaved rounds
+from the same weights. Each engine lives in its own process, loaded once and kept for the
+whole run, so no engine's thread pool can disturb another's (an idle OpenMP or ggml pool
+that spins steals a core). They run in interleaved rounds
 (every engine once per round, the others blocked on a pipe), and each ratio to llama-np
 f32 is the median of per-round ratios, because absolute times drift by tens of percent
 on a shared machine.
