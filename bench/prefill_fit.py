@@ -10,17 +10,29 @@ adds the traffic of attention's score matrix, `scores` (its f32 entries written 
 back / bandwidth: engines without flash attention materialize it, heads x prompt entries a
 token, which on a GPU is a visible share of a long prompt's time):
 
-    expected = (max(memory, compute) + r x scores) / eta
+    expected = (max(memory, compute x (rate / RATE_REF)^a) + r x scores) / eta
 
-eta, the share of those rates an engine reaches, is fitted per group of rows: (hardware
-class, engine, weights float or quantized), else (class, engine), else the class, else GPU
-or CPU, else all rows: the narrowest with MIN_ROWS rows. r, how many times the score matrix
-crosses memory, is one number shared by every group, fitted jointly with the etas on the
-GPU rows (a CPU's compute dwarfs the traffic: its rows would fit r to whatever else grows
-with heads x prompt). Both are fitted in log space and robustly: for each r on a grid,
-each group's log eta is the median of log(predicted_r / measured), and the r whose total
-absolute log error is least wins. So a factor of 2 too fast weighs as much as 2 too slow,
-and a few odd rows do not move the fit.
+`rate` is the products' rate behind `compute` (FLOPS): on GPUs with matrix units the share
+of it an engine reaches falls as it grows (held out, NVIDIA's rows were expected too fast
+the more so the higher their peak, H100 and L40S furthest off): the rest of a prompt's
+step, its norms, softmax, dequantization and launches, does not scale with those units. a
+is fitted for the GPUs and for each GPU class with rows of MIN_SOURCES sources (Apple's,
+whose simdgroup matrices run on the shader cores, fits 0); the CPUs' stays 0 (fitted, 0.2,
+it put the boards' held-out 80th percentile at 240-280% against 54%: their peaks span a
+Raspberry Pi 4's to a Threadripper's, and the share does not follow them).
+
+eta, the share of those rates an engine reaches (at RATE_REF where a > 0), is fitted per
+group of rows: (hardware class, engine, weights float or quantized), else (class, engine),
+else the class, else GPU or CPU (the kind; all rows where a kind has none): the narrowest
+with MIN_ROWS rows. Each
+group's log eta is the median of its rows' log(slow / measured), drawn toward its parent
+group's by its count of sources (SHRINK): one source's forty rows say less about a new
+source than five sources' ten. r, how many times the score matrix crosses memory, is one
+number shared by every group, fitted with the GPUs' a on the GPU rows (a CPU's compute
+dwarfs the traffic: its rows would fit r to whatever else grows with heads x prompt); each
+GPU class's a then on its own rows. All in log space and robustly: for each (a, r) on a
+grid the etas are medians, and the pair whose total absolute log error is least wins. So
+a factor of 2 too fast weighs as much as 2 too slow, and a few odd rows do not move the fit.
 
 Held out by source: each source's rows are predicted by the fit of the other sources' rows
 (leave one source out), what a new source's figure would see.
@@ -29,8 +41,7 @@ Held out by source: each source's rows are predicted by the fit of the other sou
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +50,10 @@ from .calibrate import spread  # noqa: F401  (|error|'s median, p80, p90: decode
 
 MIN_ROWS = 4  # rows a group needs for an eta of its own
 R_GRID = (0.0, *(float(x) for x in np.geomspace(0.25, 64, 33)))  # the score matrix's passes
+A_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # the rate's exponent, a
+RATE_REF = 1e14  # FLOPS, about the middle of the published GPUs' rates: compute as it is
+SHRINK = 1.0  # how many sources' weight a group's parent has in the group's eta
+MIN_SOURCES = 2  # sources a GPU class needs for an exponent of its own
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class PrefillPoint:
     source: str
     compute_ms: float  # the products' and attention's FLOPs at the rates engines run them
     scores_ms: float  # the score matrix's f32 entries / bandwidth
+    rate: float = 0.0  # the products' rate behind compute_ms, FLOPS (0: compute unscaled)
 
     @property
     def bound_ms(self) -> float:
@@ -72,22 +88,20 @@ class PrefillPoint:
     def weights(self) -> str:
         return "quantized" if self.quantized else "float"
 
-    def slow(self, r: float) -> float:
-        """The time at eta = 1: max(memory, compute) + r x scores."""
-        return max(self.memory_ms, self.compute_ms) + r * self.scores_ms
+    def slow(self, r: float, a: float = 0.0) -> float:
+        """The time at eta = 1: max(memory, compute x (rate / RATE_REF)^a) + r x scores."""
+        scale = (self.rate / RATE_REF) ** a if self.rate > 0 else 1.0
+        return max(self.memory_ms, self.compute_ms * scale) + r * self.scores_ms
 
 
-def groups(p: PrefillPoint) -> list[tuple[str, Callable[[PrefillPoint], bool]]]:
-    """The groups a point belongs to, narrowest first."""
-    return [
-        (f"{p.hw_class} / {p.engine} / {p.weights}",
-         lambda q: (q.hw_class, q.engine, q.quantized) == (p.hw_class, p.engine, p.quantized)),
-        (f"{p.hw_class} / {p.engine}",
-         lambda q: (q.hw_class, q.engine) == (p.hw_class, p.engine)),
-        (p.hw_class, lambda q: q.hw_class == p.hw_class),
-        (p.kind, lambda q: q.kind == p.kind),
-        ("all", lambda q: True),
-    ]  # fmt: skip
+def groups(p: PrefillPoint) -> list[str]:
+    """The groups a point belongs to, narrowest first: class / engine / weights, class /
+    engine, class, kind, all."""
+    return [f"{p.hw_class} / {p.engine} / {p.weights}", f"{p.hw_class} / {p.engine}",
+            p.hw_class, p.kind, "all"]  # fmt: skip
+
+
+ROOTS = 2  # the last groups of `groups`, kind and all, are drawn toward nothing
 
 
 @dataclass(frozen=True)
@@ -100,50 +114,110 @@ class GroupFit:
 
 @dataclass(frozen=True)
 class PrefillFit:
-    """The fitted r and, by group, eta; `points` the rows it was fitted on."""
+    """The fitted r, a (the GPUs' and by GPU class) and, by group, eta; `points` the rows it
+    was fitted on."""
 
     r: float
+    a: dict[str, float]
     etas: dict[str, GroupFit]
     points: tuple[PrefillPoint, ...]
 
     def group_for(self, like: PrefillPoint) -> GroupFit | None:
         """The narrowest group of `like` that has an eta."""
-        for name, _ in groups(like):
-            if name in self.etas:
-                return self.etas[name]
-        return None
+        return next((self.etas[n] for n in groups(like) if n in self.etas), None)
 
     def expect(self, like: PrefillPoint) -> float:
         """Expected ms per prompt token of a row like `like` (its measured_ms unused)."""
         g = self.group_for(like)
-        return like.slow(self.r) / g.eta if g else float("nan")
+        a = exponent_of(self.a, like.hw_class, like.kind)
+        return like.slow(self.r, a) / g.eta if g else float("nan")
 
 
-def _etas(points: Sequence[PrefillPoint], r: float) -> dict[str, GroupFit]:
-    """Every group with MIN_ROWS rows: eta = exp(median log(slow_r / measured))."""
-    members: dict[str, list[PrefillPoint]] = {}
-    for p in points:
-        for name, _ in groups(p):
-            members.setdefault(name, []).append(p)
-    out = {}
-    for name, ps in members.items():
-        if len(ps) >= MIN_ROWS:
-            eta = math.exp(statistics.median(math.log(q.slow(r) / q.measured_ms) for q in ps))
-            out[name] = GroupFit(name, eta, len(ps), len({q.source for q in ps}))
-    return out
+class _Rows:
+    """Points as arrays, and every group with MIN_ROWS of them: the many fits of the grid."""
+
+    def __init__(self, points: Sequence[PrefillPoint]) -> None:
+        def column(name: str) -> np.ndarray:
+            return np.array([getattr(p, name) for p in points], float)
+
+        self.memory, self.compute = column("memory_ms"), column("compute_ms")
+        self.scores, self.log_measured = column("scores_ms"), np.log(column("measured_ms"))
+        rate = column("rate")
+        self.log_rate = np.log(np.where(rate > 0, rate, RATE_REF) / RATE_REF)
+        self.kind = np.array([p.kind for p in points])
+        self.hw_class = np.array([p.hw_class for p in points])
+        members: dict[str, list[int]] = {}
+        for i, p in enumerate(points):
+            for name in groups(p):
+                members.setdefault(name, []).append(i)
+        self.members = {n: np.array(m) for n, m in members.items() if len(m) >= MIN_ROWS}
+        self.sources = {n: len({points[i].source for i in m}) for n, m in self.members.items()}
+        # each group's parent (the next broader with rows; none for the roots), and each
+        # point's narrowest group
+        self.parent: dict[str, str | None] = {}
+        self.group_of: list[str] = []
+        for p in points:
+            names = [n for n in groups(p) if n in self.members]
+            for k, n in enumerate(names):
+                root = n in groups(p)[-ROOTS:]
+                self.parent[n] = None if root or k + 1 == len(names) else names[k + 1]
+            self.group_of.append(names[0] if names else "")
+
+    def log_slow(self, r: float, a: dict[str, float]) -> np.ndarray:
+        pairs = zip(self.hw_class, self.kind, strict=True)
+        exponent = np.array([exponent_of(a, c, k) for c, k in pairs])
+        compute = self.compute * np.exp(exponent * self.log_rate)
+        return np.log(np.maximum(self.memory, compute) + r * self.scores)
+
+    def log_etas(self, r: float, a: dict[str, float]) -> dict[str, float]:
+        """Each group's log eta: the median of log(slow / measured) over its rows, drawn
+        toward its parent's by its count of sources (SHRINK)."""
+        y = self.log_slow(r, a) - self.log_measured
+        out: dict[str, float] = {}
+        for n in self._parents_first():
+            own, parent, s = float(np.median(y[self.members[n]])), self.parent[n], self.sources[n]
+            out[n] = own if parent is None else (s * own + SHRINK * out[parent]) / (s + SHRINK)
+        return out
+
+    def _parents_first(self) -> list[str]:
+        done: list[str] = []
+        todo = sorted(self.members, key=lambda n: -len(self.members[n]))
+        while todo:
+            n = next(n for n in todo if self.parent[n] is None or self.parent[n] in done)
+            done.append(n)
+            todo.remove(n)
+        return done
+
+    def loss(self, r: float, a: dict[str, float], rows: np.ndarray) -> float:
+        """Total |log error| of the rows selected, each by its narrowest group."""
+        etas = self.log_etas(r, a)
+        err = self.log_slow(r, a) - self.log_measured
+        err -= np.array([etas.get(n, np.nan) for n in self.group_of])
+        return float(np.nansum(np.abs(err[rows])))
+
+
+def exponent_of(a: dict[str, float], hw_class: str, kind: str) -> float:
+    """A row's exponent of the rate: its class's, else its kind's (the GPUs'), else 0."""
+    return a.get(hw_class, a.get(kind, 0.0))
 
 
 def fit(points: Sequence[PrefillPoint]) -> PrefillFit:
-    """r on the grid and the groups' etas, minimizing the GPU rows' total |log error| (each
-    row predicted by its narrowest group; r = 0 without GPU rows)."""
-    best: tuple[float, PrefillFit] | None = None
-    for r in R_GRID:
-        f = PrefillFit(r, _etas(points, r), tuple(points))
-        loss = sum(abs(math.log(f.expect(p) / p.measured_ms)) for p in points if p.kind == "gpu")
-        if best is None or loss < best[0] - 1e-12:
-            best = (loss, f)
-    assert best is not None
-    return best[1]
+    """r and the GPUs' a on their grids, minimizing the GPU rows' total |log error| (r = 0
+    without GPU rows); then each GPU class's own a, where its rows come from MIN_SOURCES
+    sources, on that class's rows; the CPUs' a stays 0. Each row is predicted by its
+    narrowest group."""
+    rows = _Rows(points)
+    gpu = rows.kind == "gpu"
+    r_grid = R_GRID if gpu.any() else (0.0,)
+    _, a_gpu, r = min((rows.loss(r, {"gpu": a}, gpu), a, r) for a in A_GRID for r in r_grid)
+    a = {"gpu": a_gpu}
+    for c in sorted({str(c) for c in rows.hw_class[gpu]}):
+        mine = rows.hw_class == c
+        if len({p.source for p in points if p.hw_class == c}) >= MIN_SOURCES:
+            a[c] = min((rows.loss(r, a | {c: x}, mine), x) for x in A_GRID)[1]
+    etas = {n: GroupFit(n, math.exp(v), len(rows.members[n]), rows.sources[n])
+            for n, v in rows.log_etas(r, a).items()}  # fmt: skip
+    return PrefillFit(r, a, etas, tuple(points))
 
 
 @dataclass(frozen=True)

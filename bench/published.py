@@ -32,7 +32,7 @@ from .calibrate import MIN_ROWS, Fit, Point, best_fit, leave_one_source_out, spr
 from .devices import Device, load_devices
 from .meter import KV
 from .prefill_fit import MIN_ROWS as PREFILL_MIN_ROWS
-from .prefill_fit import GroupFit, HeldPoint, PrefillFit, PrefillPoint
+from .prefill_fit import RATE_REF, GroupFit, HeldPoint, PrefillFit, PrefillPoint
 from .prefill_fit import fit as fit_prefill
 from .prefill_fit import leave_one_source_out as prefill_loso
 from .prefill_fit import spread as prefill_spread
@@ -408,6 +408,7 @@ class HeldPrefill:
     attention_ms: float = 0.0  # attention's FLOPs / the peak
     compute_ms: float = 0.0  # the same FLOPs at the rates engines run them (engine_peak)
     scores_ms: float = 0.0  # the score matrix's f32 entries / the bandwidth
+    rate: float = 0.0  # the products' rate behind compute_ms (Device.engine_peak), FLOPS
 
     @property
     def prompt_tokens(self) -> int:
@@ -422,7 +423,7 @@ class HeldPrefill:
         m = self.m
         return PrefillPoint(self.memory_ms, self.products_ms, self.attention_ms, m.ms,
                             m.hw_class, m.engine, quantized(m.weights), m.source,
-                            self.compute_ms, self.scores_ms)  # fmt: skip
+                            self.compute_ms, self.scores_ms, self.rate)  # fmt: skip
 
 
 def quantized(weights: str) -> bool:
@@ -447,7 +448,8 @@ def predict_prefill(m: Measurement) -> HeldPrefill:
     attention = 1e3 * p.attention_flops / peak / n
     compute, scores = expectation_times(p, device, m.weights, m.bandwidth_gbs * 1e9)
     return HeldPrefill(m, p.bytes, p.flops, kind, pred.ms / n, pred.bound, pred.memory_ms / n,
-                       pred.compute_ms / n - attention, attention, compute, scores)  # fmt: skip
+                       pred.compute_ms / n - attention, attention, compute, scores,
+                       device.engine_peak(m.weights) or 0.0)  # fmt: skip
 
 
 def expectation_times(p: Prefill, device: Device, weights: str,
@@ -552,12 +554,16 @@ def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
     pts = [h.point() for h in rows]
     f = fit_prefill(pts)
     loso = prefill_loso(pts)
+    exponents = ", ".join(f"{c} {x:.1f}" for c, x in sorted(f.a.items()) if c != "gpu")
     lines = ["", "Calibrated (bench/prefill_fit.py): expected ms per token = (max(memory, "
-             "compute) + r x scores) / eta: memory the bound's, compute the FLOPs at the rates "
-             "engines run them (a GPU's half-precision rate, quantized weights too), scores "
-             f"the f32 score matrix / bandwidth; r = {f.r:.2f} for all rows, eta per group "
-             f"(narrowest with {PREFILL_MIN_ROWS} rows: class / engine / float or quantized, "
-             "class / engine, class, GPU or CPU, all), medians in log space:", "",
+             f"compute x (rate / {RATE_REF:.0e})^a) + r x scores) / eta: memory the bound's, "
+             "compute the FLOPs at the rates engines run them (a GPU's half-precision rate, "
+             "quantized weights too), rate the products' rate behind it, scores the f32 score "
+             f"matrix / bandwidth; r = {f.r:.2f} for all rows; a = {f.a['gpu']:.1f} for GPUs "
+             f"({exponents}), 0 for CPUs; eta per group (narrowest with "
+             f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / engine, "
+             "class, GPU or CPU, all), medians in log space, each drawn toward its parent "
+             "group's by its count of sources:", "",
              "| group | eta | rows | sources |", "|---|---:|---:|---:|"]  # fmt: skip
     for g in sorted(f.etas.values(), key=lambda g: (-g.rows, g.group)):
         lines.append(f"| {g.group} | {g.eta:.3f} | {g.rows} | {g.sources} |")

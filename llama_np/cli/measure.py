@@ -171,7 +171,7 @@ def expected_prefill_for(device: Device, args: argparse.Namespace, pred: Prefill
     compute, scores = expectation_times(p, device, p.weights, device.bandwidth)
     like = PrefillPoint(pred.memory_ms / p.n, products, attention, float("nan"),
                         device.hw_class, args.engine, quantized(p.weights), "", compute,
-                        scores)  # fmt: skip
+                        scores, device.engine_peak(p.weights) or 0.0)  # fmt: skip
     return expected_prefill(like)
 
 
