@@ -24,15 +24,15 @@ Raspberry Pi 4's to a Threadripper's, and the share does not follow them).
 eta, the share of those rates an engine reaches (at RATE_REF where a > 0), is fitted per
 group of rows: (hardware class, engine, weights float or quantized), else (class, engine),
 else the class, else GPU or CPU (the kind; all rows where a kind has none): the narrowest
-with MIN_ROWS rows. Each
-group's log eta is the median of its rows' log(slow / measured), drawn toward its parent
-group's by its count of sources (SHRINK): one source's forty rows say less about a new
-source than five sources' ten. r, how many times the score matrix crosses memory, is one
-number shared by every group, fitted with the GPUs' a on the GPU rows (a CPU's compute
-dwarfs the traffic: its rows would fit r to whatever else grows with heads x prompt); each
-GPU class's a then on its own rows. All in log space and robustly: for each (a, r) on a
-grid the etas are medians, and the pair whose total absolute log error is least wins. So
-a factor of 2 too fast weighs as much as 2 too slow, and a few odd rows do not move the fit.
+with MIN_ROWS rows. Each group's log eta is the median of its rows' log(slow / measured),
+drawn toward its parent group's by its count of sources (SHRINK): one source's forty rows
+say less about a new source than five sources' ten. r, how many times the score matrix
+crosses memory, is one number shared by every group, fitted with the GPUs' a on the GPU
+rows (a CPU's compute dwarfs the traffic: its rows would fit r to whatever else grows with
+heads x prompt); each GPU class's a then on its own rows. All in log space and robustly:
+for each (a, r) on a grid the etas are medians, and the pair whose total absolute log
+error is least wins. So a factor of 2 too fast weighs as much as 2 too slow, and a few odd
+rows do not move the fit.
 
 Held out by source: each source's rows are predicted by the fit of the other sources' rows
 (leave one source out), what a new source's figure would see.

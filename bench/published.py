@@ -555,12 +555,13 @@ def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
     f = fit_prefill(pts)
     loso = prefill_loso(pts)
     exponents = ", ".join(f"{c} {x:.1f}" for c, x in sorted(f.a.items()) if c != "gpu")
+    exponents = f"({exponents}) " if exponents else ""
     lines = ["", "Calibrated (bench/prefill_fit.py): expected ms per token = (max(memory, "
              f"compute x (rate / {RATE_REF:.0e})^a) + r x scores) / eta: memory the bound's, "
              "compute the FLOPs at the rates engines run them (a GPU's half-precision rate, "
              "quantized weights too), rate the products' rate behind it, scores the f32 score "
              f"matrix / bandwidth; r = {f.r:.2f} for all rows; a = {f.a['gpu']:.1f} for GPUs "
-             f"({exponents}), 0 for CPUs; eta per group (narrowest with "
+             f"{exponents}and 0 for CPUs; eta per group (narrowest with "
              f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / engine, "
              "class, GPU or CPU, all), medians in log space, each drawn toward its parent "
              "group's by its count of sources:", "",

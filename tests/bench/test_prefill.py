@@ -219,8 +219,7 @@ def test_prefill_fit_recovers_a_gpu_class_exponent_of_the_rate():
 
 def test_a_group_of_few_sources_is_drawn_toward_its_parent():
     """A narrow group's log eta is its rows' median drawn toward its parent's by its count
-    of sources (SHRINK = 1: one source's rows halfway); a group of the parent's sources
-    keeps its own."""
+    of sources (SHRINK = 1): one source's rows halfway, four sources' four parts to one."""
     from bench.prefill_fit import SHRINK, PrefillPoint, fit
 
     def point(ms, source, quantized=True):
