@@ -146,6 +146,8 @@ class _Rows:
         self.log_rate = np.log(np.where(rate > 0, rate, RATE_REF) / RATE_REF)
         self.kind = np.array([p.kind for p in points])
         self.hw_class = np.array([p.hw_class for p in points])
+        self.classes, self.class_of = np.unique(self.hw_class, return_inverse=True)
+        self.kind_of_class = ["gpu" if c.endswith("-gpu") else "cpu" for c in self.classes]
         members: dict[str, list[int]] = {}
         for i, p in enumerate(points):
             for name in groups(p):
@@ -164,20 +166,31 @@ class _Rows:
             self.group_of.append(names[0] if names else "")
 
     def log_slow(self, r: float, a: dict[str, float]) -> np.ndarray:
-        pairs = zip(self.hw_class, self.kind, strict=True)
-        exponent = np.array([exponent_of(a, c, k) for c, k in pairs])
+        pairs = zip(self.classes, self.kind_of_class, strict=True)
+        exponent = np.array([exponent_of(a, str(c), k) for c, k in pairs])[self.class_of]
         compute = self.compute * np.exp(exponent * self.log_rate)
         return np.log(np.maximum(self.memory, compute) + r * self.scores)
 
-    def log_etas(self, r: float, a: dict[str, float]) -> dict[str, float]:
-        """Each group's log eta: the median of log(slow / measured) over its rows, drawn
-        toward its parent's by its count of sources (SHRINK)."""
-        y = self.log_slow(r, a) - self.log_measured
+    def log_etas(self, y: np.ndarray, names: list[str] | None = None) -> dict[str, float]:
+        """Each group's log eta, from y = log(slow / measured) of every row: the median over
+        its rows, drawn toward its parent's by its count of sources (SHRINK); of `names`
+        only (parents first), else of every group."""
         out: dict[str, float] = {}
-        for n in self._parents_first():
+        for n in self._parents_first() if names is None else names:
             own, parent, s = float(np.median(y[self.members[n]])), self.parent[n], self.sources[n]
             out[n] = own if parent is None else (s * own + SHRINK * out[parent]) / (s + SHRINK)
         return out
+
+    def lineage(self, rows: np.ndarray) -> list[str]:
+        """The groups the rows selected are predicted by, and their parents, parents first."""
+        wanted = {self.group_of[i] for i in np.flatnonzero(rows)} - {""}
+        todo = list(wanted)
+        while todo:
+            parent = self.parent[todo.pop()]
+            if parent is not None and parent not in wanted:
+                wanted.add(parent)
+                todo.append(parent)
+        return [n for n in self._parents_first() if n in wanted]
 
     def _parents_first(self) -> list[str]:
         done: list[str] = []
@@ -188,12 +201,14 @@ class _Rows:
             todo.remove(n)
         return done
 
-    def loss(self, r: float, a: dict[str, float], rows: np.ndarray) -> float:
-        """Total |log error| of the rows selected, each by its narrowest group."""
-        etas = self.log_etas(r, a)
-        err = self.log_slow(r, a) - self.log_measured
-        err -= np.array([etas.get(n, np.nan) for n in self.group_of])
-        return float(np.nansum(np.abs(err[rows])))
+    def loss(self, r: float, a: dict[str, float], rows: np.ndarray, names: list[str]) -> float:
+        """Total |log error| of the rows selected, each by its narrowest group (`names`: the
+        lineage of those rows)."""
+        y = self.log_slow(r, a) - self.log_measured
+        etas = self.log_etas(y, names)
+        picked = np.flatnonzero(rows)
+        err = y[picked] - np.array([etas.get(self.group_of[i], np.nan) for i in picked])
+        return float(np.nansum(np.abs(err)))
 
 
 def exponent_of(a: dict[str, float], hw_class: str, kind: str) -> float:
@@ -208,15 +223,18 @@ def fit(points: Sequence[PrefillPoint]) -> PrefillFit:
     narrowest group."""
     rows = _Rows(points)
     gpu = rows.kind == "gpu"
-    r_grid = R_GRID if gpu.any() else (0.0,)
-    _, a_gpu, r = min((rows.loss(r, {"gpu": a}, gpu), a, r) for a in A_GRID for r in r_grid)
+    r_grid, names = R_GRID if gpu.any() else (0.0,), rows.lineage(gpu)
+    _, a_gpu, r = min((rows.loss(r, {"gpu": a}, gpu, names), a, r) for a in A_GRID
+                      for r in r_grid)  # fmt: skip
     a = {"gpu": a_gpu}
     for c in sorted({str(c) for c in rows.hw_class[gpu]}):
         mine = rows.hw_class == c
         if len({p.source for p in points if p.hw_class == c}) >= MIN_SOURCES:
-            a[c] = min((rows.loss(r, a | {c: x}, mine), x) for x in A_GRID)[1]
+            names = rows.lineage(mine)
+            a[c] = min((rows.loss(r, a | {c: x}, mine, names), x) for x in A_GRID)[1]
+    y = rows.log_slow(r, a) - rows.log_measured
     etas = {n: GroupFit(n, math.exp(v), len(rows.members[n]), rows.sources[n])
-            for n, v in rows.log_etas(r, a).items()}  # fmt: skip
+            for n, v in rows.log_etas(y).items()}  # fmt: skip
     return PrefillFit(r, a, etas, tuple(points))
 
 

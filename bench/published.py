@@ -431,6 +431,16 @@ def quantized(weights: str) -> bool:
     return weights.strip().lower() not in ("f32", "fp32", "f16", "fp16", "bf16")
 
 
+@cache
+def prompt_of(model: str, engine: str, weights: str, n: int) -> Prefill:
+    """The prompt of n tokens of a model as an engine stores it, from an empty cache (rows
+    of one model, engine, format and length share it: counting a model's bytes layer by
+    layer was most of the report's time)."""
+    config = models()[model]
+    lay = layout(engine, weights, config)
+    return prefill(config, n, lay.plan, kv="f16", head=lay.head, embed=lay.embed, engine=False)
+
+
 def predict_prefill(m: Measurement) -> HeldPrefill:
     """A prompt row's bound: the prompt of its model, as its engine stores it, from an empty
     cache, against the row's bandwidth and its device's peak for the format."""
@@ -440,9 +450,8 @@ def predict_prefill(m: Measurement) -> HeldPrefill:
     device = load_devices().get(m.device)
     if device is None:
         raise PublishedError(f"unknown device {m.device!r} (bench/devices.json)")
-    lay = layout(m.engine, m.weights, config)
     n = m.prompt_tokens or PROMPT_UNSTATED
-    p = prefill(config, n, lay.plan, kv="f16", head=lay.head, embed=lay.embed, engine=False)
+    p = prompt_of(m.model, m.engine, m.weights, n)
     kind, peak = device.matrix_peak(m.weights)
     pred = p.predict(m.bandwidth_gbs * 1e9, peak)
     attention = 1e3 * p.attention_flops / peak / n
