@@ -40,7 +40,7 @@ from .sol import Estimate, Prefill, estimate, prefill
 
 HW_CLASSES = ("apple-gpu", "nvidia-gpu", "amd-gpu", "cpu", "board", "apple-cpu")
 BANDWIDTH_WHAT = ("source", "spec", "measured")
-PHASES = ("decode", "prefill")
+PHASES = ("decode", "prefill", "batch")  # batch: B sequences' aggregate decode tok/s
 PROMPT_UNSTATED = 512  # a prompt row's length when its source does not state it (llama-bench's)
 
 
@@ -71,7 +71,7 @@ class Measurement:
     tok_s: float
     notes: str
     phase: str  # "decode" (tok_s: generated tokens/s) or "prefill" (prompt tokens/s)
-    device: str  # an entry of bench/devices.json: the peaks of a prefill row's device
+    device: str  # an entry of bench/devices.json: a prefill or batch row's device's peaks
 
     @property
     def ms(self) -> float:
@@ -104,9 +104,9 @@ def _row(d: dict[str, str], n: int) -> Measurement:
 
     if list(d) != COLUMNS:
         raise PublishedError(f"row {n}: columns {list(d)} are not {COLUMNS}")
-    if d["phase"] not in PHASES or (d["phase"] == "prefill" and not d["device"]):
-        raise PublishedError(f"row {n}: phase {d['phase']!r} unknown, or a prefill row "
-                             "without its device")  # fmt: skip
+    if d["phase"] not in PHASES or (d["phase"] != "decode" and not d["device"]):
+        raise PublishedError(f"row {n}: phase {d['phase']!r} unknown, or a prefill or batch "
+                             "row without its device")  # fmt: skip
     if d["hw_class"] not in HW_CLASSES or d["bandwidth_what"] not in BANDWIDTH_WHAT:
         raise PublishedError(f"row {n}: hw_class {d['hw_class']!r} or bandwidth_what "
                              f"{d['bandwidth_what']!r} unknown")  # fmt: skip
@@ -130,6 +130,11 @@ def all_rows() -> tuple[Measurement, ...]:
 def measurements() -> tuple[Measurement, ...]:
     """The decode rows."""
     return tuple(m for m in all_rows() if m.phase == "decode")
+
+
+def batch_measurements() -> tuple[Measurement, ...]:
+    """The batched decode rows (bench/published_batch.py)."""
+    return tuple(m for m in all_rows() if m.phase == "batch")
 
 
 def prefill_measurements() -> tuple[Measurement, ...]:

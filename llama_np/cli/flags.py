@@ -171,6 +171,7 @@ SOL_ARGS = [
     (("--engine",), dict(default="llama.cpp", help="the engine whose published measurements calibrate the expected ms/token beside the bound (default: %(default)s)")),
     (("--published",), dict(action="store_true", help="hold every published measurement (bench/published) against its bound: the fraction reached by hardware class, engine and source, and the calibrated fit's error on held-out sources")),
     (("--prefill",), dict(action="store_true", help="with --published: the published prompt speeds (prefill) instead of decode's")),
+    (("--batched",), dict(action="store_true", help="with --published: the published batched decode throughput (B sequences stepped together) instead of one sequence's")),
     (("--rows",), dict(action="store_true", help="with --published: every row too")),
     (("--plot",), dict(metavar="FILE.png", help="with --published: predicted against measured ms/token")),
     *DEVICE_ARGS,

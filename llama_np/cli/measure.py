@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, replace
@@ -80,8 +81,11 @@ def cmd_sol(args: argparse.Namespace) -> int:
         return 0
     if args.plot and not args.published:
         raise UsageError("--plot draws --published's rows: give it with --published")
-    if args.prefill and not args.published:
-        raise UsageError("--prefill selects --published's prompt rows: give it with --published")
+    if (args.prefill or args.batched) and not args.published:
+        raise UsageError("--prefill and --batched select --published's rows: give them with "
+                         "--published")  # fmt: skip
+    if args.prefill and args.batched:
+        raise UsageError("give one of --prefill and --batched")
     if args.published:
         return published_report(args)
     if args.config is None:
@@ -231,6 +235,8 @@ def published_report(args: argparse.Namespace) -> int:
     check_plot(args.plot)
     if args.prefill:
         return published_prefill_report(args)
+    if args.batched:
+        return published_batch_report(args)
     rows = published.held()
     if args.json:
         print(json.dumps([asdict(h.m) | {"bytes_per_token": h.bytes_per_token,
@@ -259,6 +265,26 @@ def published_prefill_report(args: argparse.Namespace) -> int:
     if args.plot:
         published.plot(rows, args.plot)
         print(f"llama-np: wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def published_batch_report(args: argparse.Namespace) -> int:
+    """`sol --published --batched`: the published batched decode against a step's bound."""
+    from bench.published_batch import batch_report, held_batch
+
+    if args.plot:
+        raise UsageError("--plot draws one sequence's or the prompt rows, not --batched's")
+    rows = list(held_batch())
+    if args.json:
+        out = [asdict(h.m) | {"bytes": h.bytes, "flops": h.flops, "peak": h.peak,
+                              "bound": h.bound,
+                              "ridge_batch": h.ridge if math.isfinite(h.ridge) else None,
+                              "predicted_step_ms": h.predicted_ms,
+                              "measured_step_ms": h.measured_ms, "reached": h.share}
+               for h in rows]  # fmt: skip
+        print(json.dumps(out, indent=1))
+    else:
+        print(batch_report(rows, all_rows=args.rows))
     return 0
 
 
