@@ -18,8 +18,8 @@ the more so the higher their peak, H100 and L40S furthest off): the rest of a pr
 step, its norms, softmax, dequantization and launches, does not scale with those units. a
 is fitted for the GPUs and for each GPU class with rows of MIN_SOURCES sources (Apple's,
 whose simdgroup matrices run on the shader cores, fits 0); the CPUs' stays 0 (fitted, 0.2,
-it put the boards' held-out 80th percentile at 240-280% against 54%: their peaks span a
-Raspberry Pi 4's to a Threadripper's, and the share does not follow them).
+it put the boards' held-out 80th percentile at 240-280%, against 54-56% without: their
+peaks span a Raspberry Pi 4's to a Threadripper's, and the share does not follow them).
 
 eta, the share of those rates an engine reaches (at RATE_REF where a > 0), is fitted per
 group of rows: (hardware class, engine, weights float or quantized), else (class, engine),
@@ -94,11 +94,14 @@ class PrefillPoint:
         return max(self.memory_ms, self.compute_ms * scale) + r * self.scores_ms
 
 
+KIND_GROUPS = {"gpu": "GPUs", "cpu": "CPUs"}  # not "cpu": that is a class's name too
+
+
 def groups(p: PrefillPoint) -> list[str]:
     """The groups a point belongs to, narrowest first: class / engine / weights, class /
-    engine, class, kind, all."""
+    engine, class, kind (KIND_GROUPS), all."""
     return [f"{p.hw_class} / {p.engine} / {p.weights}", f"{p.hw_class} / {p.engine}",
-            p.hw_class, p.kind, "all"]  # fmt: skip
+            p.hw_class, KIND_GROUPS[p.kind], "all"]  # fmt: skip
 
 
 ROOTS = 2  # the last groups of `groups`, kind and all, are drawn toward nothing

@@ -44,8 +44,9 @@ PHASES = ("decode", "prefill", "batch")  # batch: B sequences' aggregate decode 
 PROMPT_UNSTATED = 512  # a prompt row's length when its source does not state it (llama-bench's)
 
 
-class PublishedError(ValueError):
-    """A row of the published dataset that does not follow its schema."""
+class PublishedError(ConfigError):
+    """A row of the published dataset that does not follow its schema (a ConfigError: the
+    command line says it in one line)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class Measurement:
     batch: int
     tok_s: float
     notes: str
-    phase: str  # "decode" (tok_s: generated tokens/s) or "prefill" (prompt tokens/s)
+    phase: str  # "decode" (tok_s: generated tokens/s), "prefill" (prompt tokens/s) or
+    # "batch" (the generated tokens/s of `batch` sequences together)
     device: str  # an entry of bench/devices.json: a prefill or batch row's device's peaks
 
     @property
@@ -577,7 +579,7 @@ def prefill_fit_lines(rows: Sequence[HeldPrefill]) -> list[str]:
              f"matrix / bandwidth; r = {f.r:.2f} for all rows; a = {f.a['gpu']:.1f} for GPUs "
              f"{exponents}and 0 for CPUs; eta per group (narrowest with "
              f"{PREFILL_MIN_ROWS} rows: class / engine / float or quantized, class / engine, "
-             "class, GPU or CPU, all), medians in log space, each drawn toward its parent "
+             "class, GPUs or CPUs, all), medians in log space, each drawn toward its parent "
              "group's by its count of sources:", "",
              "| group | eta | rows | sources |", "|---|---:|---:|---:|"]  # fmt: skip
     for g in sorted(f.etas.values(), key=lambda g: (-g.rows, g.group)):

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from .devices import load_devices
-from .meter import KV
-from .published import Measurement, PublishedError, batch_measurements, layout, models
-from .sol import estimate
+from .published import Measurement, PublishedError, batch_measurements, predict
 
 
 @dataclass(frozen=True)
@@ -44,16 +42,13 @@ class HeldBatch:
 
 
 def predict_batch(m: Measurement) -> HeldBatch:
-    """A step of the row's B sequences at its mean depth, as its engine stores the model,
-    against the row's bandwidth and its device's matrix peak for the format."""
-    config = models().get(m.model)
+    """A step of the row's B sequences at its mean depth, as its engine stores the model
+    (published.predict, with the row's batch), against the row's bandwidth and its
+    device's matrix peak for the format."""
     device = load_devices().get(m.device)
-    if config is None or device is None:
-        raise PublishedError(f"unknown model {m.model!r} or device {m.device!r}")
-    lay = layout(m.engine, m.weights, config, m.depth)
-    e = estimate(config, lay.plan, kv="f16", pos=m.depth, head=lay.head, embed=lay.embed,
-                 engine=False, batch=m.batch)  # fmt: skip
-    e.reads[KV] = e.reads[KV] * lay.kv_bytes // 2
+    if device is None:
+        raise PublishedError(f"unknown device {m.device!r} (bench/devices.json)")
+    e = predict(m)
     kind, peak = device.matrix_peak(m.weights)
     pred = e.predict(m.bandwidth_gbs * 1e9, peak)
     return HeldBatch(m, e.bytes_per_token, e.flops, kind, pred.ms_per_token, pred.bound,

@@ -113,7 +113,7 @@ def test_a_device_without_a_class_gets_the_one_its_name_says(tmp_path, capsys):
     ]}))  # fmt: skip
     table = load_devices([f])
     for name, cls, kind, group in (("card", "nvidia-gpu", "gpu", "nvidia-gpu / llama.cpp /"),
-                                   ("arc", "intel-gpu", "gpu", "gpu"),
+                                   ("arc", "intel-gpu", "gpu", "GPUs"),
                                    ("box", "cpu", "cpu", "cpu")):  # fmt: skip
         assert (table[name].hw_class, table[name].kind) == (cls, kind)
         args = ["sol", "--config", "llama-2-7b", "--weights", "q4_0", "--prompt", "512",
@@ -213,27 +213,40 @@ def test_prefill_fit_recovers_a_gpu_class_exponent_of_the_rate():
     f = fit(pts)
     assert f.a["nvidia-gpu"] == pytest.approx(0.4) and "amd-gpu" not in f.a
     assert "cpu" not in f.a
+    amd, cpu = row("amd-gpu", 2e14, ""), row("cpu", 1e12, "")
+    assert f.expect(amd) == pytest.approx(amd.slow(f.r, f.a["gpu"]) / f.group_for(amd).eta)
+    assert f.expect(cpu) == pytest.approx(cpu.slow(f.r, 0.0) / f.group_for(cpu).eta)
     like = row("nvidia-gpu", 5e14, "")
     assert f.expect(like) == pytest.approx(like.measured_ms, rel=0.02)
 
 
 def test_a_group_of_few_sources_is_drawn_toward_its_parent():
-    """A narrow group's log eta is its rows' median drawn toward its parent's by its count
-    of sources (SHRINK = 1): one source's rows halfway, four sources' four parts to one."""
+    """A narrow group's log eta is its rows' median drawn toward its parent's (shrunk in
+    turn) by its count of sources (SHRINK = 1): one source's rows halfway, four sources'
+    four parts to one; the class is drawn toward the GPUs', a root, and a class named
+    "cpu" is not the CPUs' group."""
     from bench.prefill_fit import SHRINK, PrefillPoint, fit
 
-    def point(ms, source, quantized=True):
-        return PrefillPoint(0.0, 1.0, 0.0, ms, "apple-gpu", "llama.cpp", quantized, source,
+    def point(eta, source, quantized=True, engine="llama.cpp", cls="apple-gpu"):
+        return PrefillPoint(0.0, 1.0, 0.0, 1 / eta, cls, engine, quantized, source,
                             1.0, 0.0)  # fmt: skip
 
-    pts = [point(1 / 0.5, s) for s in "abcd"] + [point(1 / 0.125, "e", False)] * 4
+    pts = [point(0.5, s) for s in "abcd"] + [point(0.125, "e", False)] * 4
+    pts += [point(0.9, s, engine="mlx") for s in "fg"] * 2  # the class's median moves
+    pts += [point(0.9, s, cls="nvidia-gpu") for s in "jk"] * 2  # and the GPUs'
+    pts += [point(0.05, s, cls="cpu") for s in "hi"] * 2
     f = fit(pts)
-    parent = f.etas["apple-gpu / llama.cpp"].eta
-    one = f.etas["apple-gpu / llama.cpp / float"].eta
-    assert SHRINK == 1.0 and one == pytest.approx(math.sqrt(0.125 * parent))
-    assert f.etas["apple-gpu / llama.cpp / quantized"].eta == pytest.approx(
-        math.exp((4 * math.log(0.5) + math.log(parent)) / 5)
+    log = {n: math.log(g.eta) for n, g in f.etas.items()}
+    raw_engine, raw_class = math.log(0.25), math.log(0.5)  # medians of 8 and of 12 rows
+    assert SHRINK == 1.0 and log["GPUs"] == pytest.approx((math.log(0.5) + math.log(0.9)) / 2)
+    assert log["apple-gpu"] == pytest.approx((7 * raw_class + log["GPUs"]) / 8)  # 7 sources
+    assert log["apple-gpu / llama.cpp"] == pytest.approx((5 * raw_engine + log["apple-gpu"]) / 6)
+    parent = log["apple-gpu / llama.cpp"]
+    assert log["apple-gpu / llama.cpp / float"] == pytest.approx((math.log(0.125) + parent) / 2)
+    assert log["apple-gpu / llama.cpp / quantized"] == pytest.approx(
+        (4 * math.log(0.5) + parent) / 5
     )
+    assert f.etas["cpu"].rows == 4 and f.etas["CPUs"].rows == 4
 
 
 def test_prefill_fit_falls_back_to_a_broader_group():
@@ -246,7 +259,7 @@ def test_prefill_fit_falls_back_to_a_broader_group():
     f = fit([point("apple-gpu", 1 / 0.5, s) for s in "abcd"]
             + [point("cpu", 1 / 0.05, s) for s in "abcd"])  # fmt: skip
     like = point("amd-gpu", float("nan"), "")
-    assert f.group_for(like).group == "gpu"
+    assert f.group_for(like).group == "GPUs"
     assert f.expect(like) == pytest.approx(2.0)
 
 

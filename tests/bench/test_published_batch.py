@@ -54,3 +54,11 @@ def test_no_published_batch_row_beats_its_bound_and_the_report_says_so(capsys):
     assert main(["sol", "--published", "--batched", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out) == len(rows) and {"predicted_step_ms", "reached"} <= set(out[0])
+
+
+@pytest.mark.parametrize("argv", [["--batched"], ["--published", "--batched", "--prefill"],
+                                  ["--published", "--batched", "--plot", "x.png"]])  # fmt: skip
+def test_batched_flags_out_of_place_are_one_line_errors(argv, capsys):
+    assert main(["sol", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("llama-np: error:") and "\n" not in err

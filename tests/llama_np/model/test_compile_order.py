@@ -1,7 +1,8 @@
-"""The one-call decode step and the calls one by one run the same compiled kernels whichever
-was compiled first: a fresh process with an empty kernel cache compiles one path before the
-other. In a file of its own: it compiles a model's kernels anew (about two and a half
-minutes on a 2-vCPU Zen 4), and the test workers (scripts/test.sh) take a file at a time."""
+"""The one-call decode step and the calls one by one run the same compiled kernels when the
+one call was compiled first: a fresh process with an empty kernel cache compiles it, then
+the calls one by one, which find its row kernels compiled. In a file of its own: it
+compiles a model's kernels anew (about two and a half minutes on a 2-vCPU Zen 4), and the
+test workers (scripts/test.sh) take a file at a time."""
 
 from __future__ import annotations
 
@@ -20,18 +21,19 @@ from tests.llama_np.model.test_decode_layers import decode, model_for
 # stores, x's types and batches of 2-4 are held within float32 roundings across the paths
 # (test_decode_layers.py: compiled in any order, or loaded from the disk cache). Not here:
 # a batch's step the other way round (the calls one by one first), which compiled the
-# few-vector walker too, ~95 of this check's ~235 s (Zen 4, 2026-11-29); that walker calls
-# its row kernels through the same OutOfLine dispatchers (jit.kernel) whose one
-# specialization this check holds. A second case, each direction the other way round,
-# doubled the check again.
+# few-vector walker too, ~95 of this check's ~235 s (Zen 4, 2026-11-29): the specializations
+# that walker makes of its row kernels are not checked here (its calls go through the same
+# OutOfLine dispatchers, jit.kernel, whose unliteral types this check holds for the one
+# sequence's walker). A second case, each direction the other way round, doubled the check
+# again.
 ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call")]
 
 
 def compile_orders() -> None:
-    """Run in a fresh process with an empty kernel cache (test_the_same_bits_whatever_was_
-    compiled_first): compile one path before the other, hold them equal, and check that no
-    out-of-line kernel was compiled twice for argument types that differ only in a literal
-    value, an integer's sign or width, or an array's write flag."""
+    """Run in a fresh process with an empty kernel cache (test_the_same_bits_with_the_one_
+    call_compiled_first): compile one path before the other, hold them equal, and check
+    that no out-of-line kernel was compiled twice for argument types that differ only in a
+    literal value, an integer's sign or width, or an array's write flag."""
     from quant import compiled
     from quant.compiled.jit import duplicate_specializations
 
@@ -47,9 +49,9 @@ def compile_orders() -> None:
 
 
 @pytest.mark.slow
-def test_the_same_bits_whatever_was_compiled_first(tmp_path) -> None:
-    """The one call and the calls one by one run the same compiled row kernels, whichever
-    was compiled first and whatever the kernel cache held: compiled for types that differ
+def test_the_same_bits_with_the_one_call_compiled_first(tmp_path) -> None:
+    """The one call and the calls one by one run the same compiled row kernels when the one
+    call was compiled first into an empty kernel cache: compiled for types that differ
     only in a literal (a caller's constant `add=False`), a kernel once became a second
     specialization that LLVM optimized apart, and the two paths gave logits different in
     the 7th digit on some CPUs and runs (after a run that had cached part of the kernels)."""

@@ -179,8 +179,8 @@ ROUNDED_X_WITHIN = {"numba-f32": 0.0, "numba-int8": 1e-2, "numba-int16": 1e-2}
 def same_logits(one: np.ndarray, each: np.ndarray, kv: str = "f32",
                 kernels: str = "numba-f32") -> None:  # fmt: skip
     """The one call's logits equal the calls one by one's, bit for bit when both paths were
-    compiled in one process (test_the_same_bits_whatever_was_compiled_first), else within
-    a few float32 roundings (SAME_WITHIN, by KV format): numba links a kernel's optimized
+    compiled in one process (test_the_same_bits_with_the_one_call_compiled_first), else
+    within a few float32 roundings (SAME_WITHIN, by KV format): numba links a kernel's optimized
     IR into each caller and runs LLVM's optimizer over it again there, and with fast math
     a kernel compiled in another process (loaded from the disk cache) and linked again can
     round a sum differently (seen: 1 ulp, 1.2e-7 on logits of ~1), and a float16 cache then
