@@ -167,6 +167,7 @@ class _Rows:
                 root = n in groups(p)[-ROOTS:]
                 self.parent[n] = None if root or k + 1 == len(names) else names[k + 1]
             self.group_of.append(names[0] if names else "")
+        self.parents_first = self._parents_first()
 
     def log_slow(self, r: float, a: dict[str, float]) -> np.ndarray:
         pairs = zip(self.classes, self.kind_of_class, strict=True)
@@ -179,7 +180,7 @@ class _Rows:
         its rows, drawn toward its parent's by its count of sources (SHRINK); of `names`
         only (parents first), else of every group."""
         out: dict[str, float] = {}
-        for n in self._parents_first() if names is None else names:
+        for n in self.parents_first if names is None else names:
             own, parent, s = float(np.median(y[self.members[n]])), self.parent[n], self.sources[n]
             out[n] = own if parent is None else (s * own + SHRINK * out[parent]) / (s + SHRINK)
         return out
@@ -193,7 +194,7 @@ class _Rows:
             if parent is not None and parent not in wanted:
                 wanted.add(parent)
                 todo.append(parent)
-        return [n for n in self._parents_first() if n in wanted]
+        return [n for n in self.parents_first if n in wanted]
 
     def _parents_first(self) -> list[str]:
         done: list[str] = []

@@ -323,6 +323,14 @@ def summary(rows: list[Held], key: Callable[[Held], str]) -> list[dict]:
     return out
 
 
+def summary_lines(title: str, rows: Sequence, key: Callable) -> list[str]:
+    """Markdown: `summary` of rows (anything with `m` and `share`) by key, under `title`."""
+    return ["", f"| {title} | rows | sources | reached, median | min | max |",
+            "|---|---:|---:|---:|---:|---:|"] + [
+        f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
+        f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(list(rows), key)]  # fmt: skip
+
+
 def points(rows: Sequence[Held]) -> list[Point]:
     return [Point(h.predicted_ms, h.m.ms, h.m.hw_class, h.m.engine, h.m.source) for h in rows]
 
@@ -361,10 +369,7 @@ def report(rows: list[Held], all_rows: bool = False) -> str:
     keys = (("hardware class", lambda h: h.m.hw_class), ("engine", lambda h: h.m.engine),
             ("source", lambda h: h.m.source))  # fmt: skip
     for title, key in keys:
-        lines += ["", f"| {title} | rows | sources | reached, median | min | max |",
-                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-        lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
-                  f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
+        lines += summary_lines(title, rows, key)
     lines += held_out_lines(points(rows))
     if all_rows:
         lines += ["", "| source | hardware | GB/s | engine | model | weights | depth | MB/token | "
@@ -549,10 +554,7 @@ def prefill_report(rows: list[HeldPrefill], all_rows: bool = False) -> str:
             ("peak", lambda h: f"{h.peak} ({h.bound}-bound)"),
             ("source", lambda h: h.m.source))  # fmt: skip
     for title, key in keys:
-        lines += ["", f"| {title} | rows | sources | reached, median | min | max |",
-                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-        lines += [f"| {d['group']} | {d['rows']} | {d['sources']} | {d['median']:.2f} | "
-                  f"{d['min']:.2f} | {d['max']:.2f} |" for d in summary(rows, key)]  # fmt: skip
+        lines += summary_lines(title, rows, key)
     lines += prefill_fit_lines(rows)
     if all_rows:
         lines += ["", "| source | hardware | engine | model | weights | prompt | peak | "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from .devices import load_devices
-from .published import Measurement, PublishedError, batch_measurements, predict
+from .published import Measurement, PublishedError, batch_measurements, predict, summary_lines
 
 
 @dataclass(frozen=True)
@@ -66,24 +66,18 @@ def beaten(rows: list[HeldBatch]) -> list[HeldBatch]:
 
 
 def batch_report(rows: list[HeldBatch], all_rows: bool = False) -> str:
-    """Markdown: the share of the bound reached by source and hardware and by B against
-    the ridge; every row if asked."""
+    """Markdown: the share of the bound reached by hardware, model and format, and by B
+    against the ridge; every row if asked."""
     lines = [f"{len(rows)} published batched decode measurements, "
              f"{len({h.m.source for h in rows})} sources (bench/published, phase batch): a "
              "step of B sequences against max(its bytes / the row's bandwidth, its FLOPs / the "
              "device's matrix peak); reached = predicted / measured step time. Rows faster "
-             f"than their bound: {len(beaten(rows))}.", "",
-             "| hardware | model | weights | rows | B | reached, median | min | max |",
-             "|---|---|---|---:|---|---:|---:|---:|"]  # fmt: skip
-    groups: dict[tuple[str, str, str], list[HeldBatch]] = {}
-    for h in rows:
-        groups.setdefault((h.m.hardware, h.m.model, h.m.weights), []).append(h)
-    for (hw, model, w), hs in groups.items():
-        shares = [h.share for h in hs]
-        bs = sorted({h.m.batch for h in hs})
-        lines.append(f"| {hw} | {model} | {w} | {len(hs)} | {bs[0]}-{bs[-1]} | "
-                     f"{statistics.median(shares):.2f} | {min(shares):.2f} | "
-                     f"{max(shares):.2f} |")  # fmt: skip
+             f"than their bound: {len(beaten(rows))}."]  # fmt: skip
+    lines += summary_lines(
+        "hardware / model / weights",
+        rows,
+        lambda h: f"{h.m.hardware} / {h.m.model} / {h.m.weights}",
+    )
     below = [h.share for h in rows if h.m.batch < h.ridge]
     above = [h.share for h in rows if h.m.batch >= h.ridge]
     for name, shares in (("below the ridge (memory-bound)", below), ("at or past it", above)):
