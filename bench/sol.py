@@ -29,7 +29,7 @@ from llama_arch import (
     mixer_roles,
     state_floats,
 )
-from quant.backends import get_backend
+from quant.backends import layout_of
 from quant.kv import kv_store_class
 
 from .meter import ATTN, CATEGORIES, EMBEDDING, HEAD, KV, MLP, NORMS, STATE
@@ -168,7 +168,7 @@ def matrix_bytes(
     weight; another engine's format too, OTHER_BITS)."""
     if not engine and (other := other_bytes(fmt)) is not None:
         return other
-    cls = get_backend(kernels).weight_class(fmt)
+    cls = layout_of(kernels).weight_class(fmt)
     if engine:
         return cls.nbytes_for
     return lambda shape: int(shape[0] * shape[1] * cls.bits_per_weight) // 8
@@ -228,7 +228,7 @@ def estimate(
         reads[EMBEDDING] += batch * nbytes(embed)((1, width)) + proj
     store = kv_store_class(kv)
     slot = {i: store.slot_nbytes(s.n_kv_heads, s.layer_head_dim(i)) for i in layer_keys}
-    tiled = engine and get_backend(kernels).tiled_keys  # keys read in whole tiles
+    tiled = engine and layout_of(kernels).tiled_keys  # keys read in whole tiles
     # every attention layer reads its keys (a shared one its source's); those with their own
     # write the new ones
     reads[KV] = batch * sum(store.read_nbytes(n, s.n_kv_heads, s.layer_head_dim(i), tiled)
@@ -466,7 +466,7 @@ def prefill(
     s = config
     e = estimate(s, weights, kv, pos, window, head, engine, embed, kernels, batch=n)
     store = kv_store_class(kv)
-    tiled = engine and get_backend(kernels).tiled_keys
+    tiled = engine and layout_of(kernels).tiled_keys
     reads, kv_read, kv_write, attention, scores = dict(e.reads), 0, 0, 0, 0
     for i in s.attention_layers:
         w, hd = s.layer_window(i, window), s.layer_head_dim(i)

@@ -192,6 +192,23 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
 BACKEND_CLASSES: dict[str, type[Backend]] = {"numpy": NumpyBackend, "numba": NumbaBackend}
 
 
+@functools.cache
+def layout_of(kernels: str = "auto") -> Backend:
+    """The backend a --kernels choice names, for its layouts and sizes alone (the weight
+    classes, tiled keys): nothing is compiled, so a speed-of-light estimate answers in a
+    second on a machine whose kernels were never compiled. Run nothing with it."""
+    if kernels == "numpy" or (kernels == "auto" and not numba_importable()):
+        return numpy_backend()
+    if kernels not in ("auto", "numba", "numba-int16", "numba-int8", "numba-f32"):
+        raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")
+    try:
+        from . import compiled
+    except ImportError as e:
+        raise BackendUnavailable(f"--kernels numba needs numba ({e}): {INSTALL_HINT}") from None
+    dot = kernels.removeprefix("numba-") if "-" in kernels else DEFAULT_DOT
+    return NumbaBackend("numba", compiled.FORMATS, tiled_keys=True, dot=dot)
+
+
 def get_backend(kernels: str = "auto") -> Backend:
     """The backend a --kernels choice names. "auto": numba when it can be imported, else
     numpy."""

@@ -27,6 +27,21 @@ def test_sol_command_json(capsys):
     assert d["predicted_ms_per_token"] == pytest.approx(1e3 * d["bytes_per_token"] / 1008e9)
 
 
+def test_sol_against_a_device_compiles_nothing(monkeypatch, capsys):
+    """An estimate for a device needs the compiled backend's layouts (the bytes its meter
+    counts), not its kernels: on a machine that never compiled them it answers at once."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("sol warmed the compiled kernels up")
+
+    monkeypatch.setattr("quant.compiled.warm_up", refuse)
+    args = ["sol", "--config", "llama-3-8b", "--weights", "q4_0", "--device", "rtx-4090"]
+    for extra, key in (([], "bytes_per_token"), (["--kernels", "numba-int8"], "bytes_per_token"),
+                       (["--prompt", "512"], "expected_prefill_tok_s")):  # fmt: skip
+        assert main([*args, *extra, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[key] > 0
+
+
 def test_sol_command_errors(capsys):
     assert main(["sol", "--config", "llama-2-7b", "--device", "gpu-9000"]) == 2
     assert "unknown device" in capsys.readouterr().err
