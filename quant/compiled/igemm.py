@@ -86,6 +86,17 @@ def quantized_rows(x: np.ndarray, wide: bool) -> tuple:
     return xq, xd, xsum, xd16, xb16, lo
 
 
+def folded_offsets(fold: int, xsum: np.ndarray, paired: int) -> tuple[np.ndarray, int]:
+    """(xoff, fold) for panels.tile: where a format's offset is a constant times its scale
+    (`fold`: q8_0's -128, q4_0's -8, q5_0's -16; 0 for the others) and one scale covers a
+    pair of sub-blocks, that constant times x's integer sums (B, cols / 32; int16 x's
+    whole integers: at most 128 x 32 x 16256 in magnitude), where the tile starts each
+    pair's integer sum; else nothing to fold (0)."""
+    if fold and paired:
+        return (fold * xsum).astype(np.int32), fold
+    return xsum[:, :0], 0
+
+
 def paired_xb(xb16: np.ndarray) -> np.ndarray:
     """(B, cols / 32): the sums xb16[:, 2 j] + xb16[:, 2 j + 1], the offsets' factor of a
     format with one scale and offset per 32 weights (the tile's `paired`), added once per
@@ -152,12 +163,13 @@ def panels_k(a0, a1, a2, factor, a3, code, nbytes, g0, gvalid, dst, dm):
 
 
 @kernel(parallel=True)
-def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq, xd, xb, lo,
-               add, out, codes, dms):  # fmt: skip
+def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq, xd, xb, xoff,
+               fold, lo, add, out, codes, dms):  # fmt: skip
     """out (B, rows) (=, or += when add) X @ W.T for W decoded by `decode` (a panels_
     function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8; `paired`: its
     scales are per 32 weights, panels.tile) and X as quantize_rows rounds it (xb: its
-    xb16, or paired_xb of it when `paired`); codes, dms: scratch_for(cols)."""
+    xb16, or paired_xb of it when `paired`; xoff, fold: folded_offsets, panels.tile);
+    codes, dms: scratch_for(cols)."""
     groups = a0.shape[0]
     rows, nvec = out.shape[1], xq.shape[0]
     nsub = xd.shape[1] * 2
@@ -178,8 +190,8 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
                 xrows[v] = min(v0 + v, nvec - 1)  # past the end: the last again, not stored
                 orows[v] = v0 + v if v0 + v < nvec else -1
             ahead = (g0 + 4) * a0.shape[1] * a0.itemsize + span * (v0 // VECTORS)
-            tile(dst, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, ROWS * p,
-                 min(ROWS, rows - ROWS * p), add, weights, ahead)  # fmt: skip
+            tile(dst, dm, nsub, xq, xrows, lo, xd, xb, xoff, fold, signed, paired, out, orows,
+                 ROWS * p, min(ROWS, rows - ROWS * p), add, weights, ahead)  # fmt: skip
 
 
 # --- float weights (f16, bf16): the same shape, in float32 (simd/panels.float_tile); f32

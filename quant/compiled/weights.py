@@ -221,6 +221,7 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
     panels: object  # igemm's panels_ function of the format
     signed = 0  # 1: its panels hold int8 codes, not bytes (q8_0 where SIGNED_Q8)
     paired = 1  # 1: one scale (and min) per 32 weights, two sub-blocks of its panels (tile)
+    fold = 0  # c: its offset is c times its scale (M = c D), folded into the tile's integers
 
     def panel_operands(self) -> tuple:
         """What igemm.matmat_int passes to the format's panels_ function: (a0, a1, a2,
@@ -242,11 +243,12 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
                 vs = tuple(range(v0, min(v0 + FEW, x.shape[0])))
                 fewdot.matmat_few(self.few, self.row_operands(), xs, vs, add, out)
             return
-        xq, xd, _, _, xb16, lo = xs
+        xq, xd, xsum, _, xb16, lo = xs
         xb = igemm.paired_xb(xb16) if self.paired else xb16
+        xoff, fold = igemm.folded_offsets(self.fold, xsum, self.paired)
         codes, dms = igemm.scratch_for(self.shape[1])
         igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, self.paired, xq, xd,
-                         xb, lo, add, out, codes, dms)  # fmt: skip
+                         xb, xoff, fold, lo, add, out, codes, dms)  # fmt: skip
 
     def float_matmat(self, x: np.ndarray, out: np.ndarray, add: bool) -> None:
         """x in float32: up to BATCH vectors one parallel kernel (matmat.py); more, panel
@@ -292,6 +294,7 @@ class CQ8_0Weight(GroupedWeight):
         dequant.dequant_q8_0(self.codes, self.scales, g0, g1, out)
 
     few, panels, signed = fewdot.few_q8_0, igemm.panels_q8_0, int(SIGNED_Q8)
+    fold = 0 if SIGNED_Q8 else -128  # its codes + 128 in the panels
     vec, ivec = (matvec.as_float, matvec.vec_q8_0), (intdot.as_ints, intdot.vec_q8_0)
 
     def row_operands(self) -> tuple:
@@ -381,6 +384,7 @@ class NibbleGroups(GroupedWeight):
 class CQ4_0Weight(NibbleGroups):
     fmt = "q4_0"
     offset = np.float32(-8)
+    fold = -8
 
 
 class CQ4_1Weight(NibbleGroups):
@@ -390,6 +394,7 @@ class CQ4_1Weight(NibbleGroups):
 class CQ5_0Weight(NibbleGroups):
     fmt = "q5_0"
     offset = np.float32(-16)
+    fold = -16
     vec = matvec.as_five, matvec.vec_q5
 
 

@@ -375,8 +375,8 @@ def _dot_run(builder, acc, code, x4, signed: bool):
 
 
 @intrinsic
-def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out, orows, r0,
-         nrows, add, ahead, ahead_at):  # fmt: skip
+def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, xoff, fold, signed, paired, out,
+         orows, r0, nrows, add, ahead, ahead_at):  # fmt: skip
     """out[orows[v], r0:r0 + nrows] (=, or += when add) the sum over sub-blocks s of D_s
     xd[v, s // 2] (c_s . xq[v, 16 s:16 s + 16]) + M_s xb[v, s], for the 4 vectors v of
     xrows (their rows of xq, xd, xb) and a panel (codes, dm: write_panel's layout, nsub
@@ -386,13 +386,17 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     format with a scale per 32 weights; nsub even): their integer sums are added before
     the one conversion to float, as decode sums a block of 32 (the weight class's
     `paired`), and xb[v, j] is the pair's xb16[v, 2 j] + xb16[v, 2 j + 1] (igemm.paired_xb).
+    `fold` (paired; M = a constant times D: q8_0, q4_0, q5_0): each pair's integer sum
+    starts at xoff[v, j], that constant times the sum of x's integers over the pair, in
+    place of the M xb multiply-add (one of the four float operations a vector pays a pair
+    beside its 8 or 16 dot products; exact where that term rounds).
     Each sub-block s also asks for the 2 lines at byte ahead_at + 128 s of `ahead` (bytes;
     `prefetcht1`, into L2; `prefetcht0`, into L1 too, where the tiles read their panel,
     gained nothing from DRAM): the next panel's weights (igemm.matmat_int)."""
 
     def codegen(context, builder, sig, args):
-        (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, signed_, paired_, out_, orows_, r0,
-         nrows, add, ahead_, ahead_at) = args  # fmt: skip
+        (codes_, dm_, nsub, xq_, xrows_, lo, xd_, xb_, xoff_, fold, signed_, paired_, out_,
+         orows_, r0, nrows, add, ahead_, ahead_at) = args  # fmt: skip
         sa = sig.args
         cbase = array_ptr(context, builder, sa[0], codes_, const(0))
         dbase = builder.bitcast(array_ptr(context, builder, sa[1], dm_, const(0)), F32.as_pointer())
@@ -403,6 +407,7 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
             return builder.bitcast(a.data, I8.as_pointer()), stride
 
         (xqb, xqs), (xdb, xds), (xbb, xbs) = rows_of(3, xq_), rows_of(6, xd_), rows_of(7, xb_)
+        xob, xos = rows_of(8, xoff_)
         xr = context.make_array(sa[4])(context, builder, xrows_)
         vrows = [builder.load(builder.gep(xr.data, [const(v)])) for v in range(VECTORS)]
         xrow = [builder.gep(xqb, [builder.mul(r, xqs)]) for r in vrows]
@@ -414,10 +419,14 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
             builder.bitcast(builder.gep(xbb, [builder.mul(r, xbs)]), F32.as_pointer())
             for r in vrows
         ]
-        abase = builder.gep(array_ptr(context, builder, sa[15], ahead_, const(0)), [ahead_at])
-        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed_, paired_,
-                          abase)  # fmt: skip
-        store_rows(context, builder, sa[10], out_, sa[11], orows_, r0, nrows, add, accs)
+        xorow = [
+            builder.bitcast(builder.gep(xob, [builder.mul(r, xos)]), I32.as_pointer())
+            for r in vrows
+        ]
+        abase = builder.gep(array_ptr(context, builder, sa[17], ahead_, const(0)), [ahead_at])
+        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, (xbrow, xorow), lo, signed_,
+                          paired_, fold, abase)  # fmt: skip
+        store_rows(context, builder, sa[12], out_, sa[13], orows_, r0, nrows, add, accs)
         return context.get_dummy_value()
 
     sig = types.void(
@@ -429,6 +438,8 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
         types.intp,
         xd,
         xb,
+        xoff,
+        types.intp,
         types.intp,
         types.intp,
         out,
@@ -442,31 +453,37 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, signed, paired, out,
     return sig, codegen
 
 
-def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired, abase):
+def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired, fold, abase):
     """The loop over sub-blocks, its VECTORS float accumulators in registers; one loop body
-    per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8) and of scales
-    (per 16 weights, or shared by pairs of sub-blocks)."""
+    per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8), of scales
+    (per 16 weights, or shared by pairs of sub-blocks) and of offsets (M xb added, or
+    folded into the integer sums: paired formats only)."""
     result = [cgutils.alloca_once(builder, F32x16) for _ in range(VECTORS)]
     variants = [
-        (w, sg, pr)
+        (w, sg, pr, fd)
         for w in (False, True)
         for sg in ((False, True) if SIGNED_Q8 else (False,))
         for pr in (False, True)
+        for fd in ((False, True) if pr else (False,))
     ]
     wide = builder.icmp_signed("!=", lo, const(0))
     is_signed = builder.icmp_signed("!=", signed, const(0))
     is_paired = builder.icmp_signed("!=", paired, const(0))
+    is_folded = builder.icmp_signed("!=", fold, const(0))
     end = builder.append_basic_block("tile.end")
-    for w, sg, pr in variants:
+    for w, sg, pr, fd in variants:
         cond = builder.and_(wide if w else builder.not_(wide),
                             is_paired if pr else builder.not_(is_paired))  # fmt: skip
+        if pr:
+            cond = builder.and_(cond, is_folded if fd else builder.not_(is_folded))
         if SIGNED_Q8:
             cond = builder.and_(cond, is_signed if sg else builder.not_(is_signed))
         body = builder.append_basic_block("tile.variant")
         skip = builder.append_basic_block("tile.next")
         builder.cbranch(cond, body, skip)
         builder.position_at_end(body)
-        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr, abase)
+        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr, fd,
+                         abase)  # fmt: skip
         for v in range(VECTORS):
             builder.store(accs[v], result[v])
         builder.branch(end)
@@ -476,10 +493,12 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, pair
     return [builder.load(r) for r in result]
 
 
-def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, signed: bool,
-              paired: bool, abase):  # fmt: skip
-    """Sub-blocks one at a time, or (paired) two, their integer sums added first."""
+def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xrows, lo, wide: bool, signed: bool,
+              paired: bool, folded: bool, abase):  # fmt: skip
+    """Sub-blocks one at a time, or (paired) two, their integer sums added first (from x's
+    offsets where `folded`)."""
     step = 2 if paired else 1
+    xbrow, xorow = xrows
 
     def body(s, accs):
         for k in range(2 * step):
@@ -498,8 +517,7 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
         for v in range(VECTORS):
             xp = builder.gep(xrow[v], [builder.mul(s, const(16))])
 
-            def dots(base):
-                acc = ir.Constant(I32x16, None)
+            def dots(base, acc):
                 for k in range(4 * step):  # a sub-block's 16 bytes: 4 runs of 4 (each pair's next)
                     x4 = builder.load(
                         builder.bitcast(builder.gep(base, [const(4 * k)]), I32.as_pointer()),
@@ -508,19 +526,25 @@ def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, wide: bool, s
                     acc = _dot_run(builder, acc, runs[k], x4, signed)
                 return acc
 
-            sums = dots(xp)
+            start = zero = ir.Constant(I32x16, None)
+            if folded:  # with int16 x, into its low bytes' sums: all of it added as integers
+                start = splat(builder, builder.load(builder.gep(xorow[v], [half])), I32x16)
             if wide:
-                sums = builder.add(
-                    builder.shl(sums, ir.Constant(I32x16, [7] * 16)), dots(builder.gep(xp, [lo]))
-                )
+                sums = builder.add(builder.shl(dots(xp, zero), ir.Constant(I32x16, [7] * 16)),
+                                   dots(builder.gep(xp, [lo]), start))  # fmt: skip
+            else:
+                sums = dots(xp, start)
             xd = builder.load(builder.gep(xdrow[v], [half]))
-            xb = builder.load(builder.gep(xbrow[v], [half if paired else s]))
             w = builder.fmul(D, splat(builder, xd, F32x16))
             a = builder.fadd(
                 accs[v],
                 builder.fmul(builder.sitofp(sums, F32x16), w, flags=["contract"]),
                 flags=["contract"],
             )
+            if folded:
+                new.append(a)
+                continue
+            xb = builder.load(builder.gep(xbrow[v], [half if paired else s]))
             a = builder.fadd(
                 a,
                 builder.fmul(M, splat(builder, xb, F32x16), flags=["contract"]),
