@@ -175,10 +175,8 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
     """The compiled backend, its kernels compiled (or loaded from the disk cache) for every
     format now: a kernel that cannot be compiled on this CPU fails here, in one line.
     `dot`: "int16", "int8" or "f32", what x is multiplied as in quantized decode products."""
-    try:
-        from . import compiled
-    except ImportError as e:
-        raise BackendUnavailable(f"--kernels numba needs numba ({e}): {INSTALL_HINT}") from None
+    backend = layout_of(f"numba-{dot}")
+    from . import compiled
     from .kv import KV_FORMATS
 
     try:
@@ -186,7 +184,7 @@ def numba_backend(dot: str = DEFAULT_DOT) -> Backend:
     except Exception as e:  # numba's compile errors have no common base class
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendUnavailable(f"the numba kernels failed to compile here: {first}") from None
-    return NumbaBackend("numba", compiled.FORMATS, tiled_keys=True, dot=dot)
+    return backend
 
 
 BACKEND_CLASSES: dict[str, type[Backend]] = {"numpy": NumpyBackend, "numba": NumbaBackend}
@@ -194,13 +192,14 @@ BACKEND_CLASSES: dict[str, type[Backend]] = {"numpy": NumpyBackend, "numba": Num
 
 @functools.cache
 def layout_of(kernels: str = "auto") -> Backend:
-    """The backend a --kernels choice names, for its layouts and sizes alone (the weight
-    classes, tiled keys): nothing is compiled, so a speed-of-light estimate answers in a
-    second on a machine whose kernels were never compiled. Run nothing with it."""
+    """The backend a --kernels choice names ("auto": numba when it can be imported, else
+    numpy), for its layouts and sizes alone (the weight classes, tiled keys): nothing is
+    compiled, so a speed-of-light estimate answers in a second on a machine whose kernels
+    were never compiled. `get_backend` gives it with its kernels ready to run."""
+    if kernels not in KERNELS:
+        raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")
     if kernels == "numpy" or (kernels == "auto" and not numba_importable()):
         return numpy_backend()
-    if kernels not in ("auto", "numba", "numba-int16", "numba-int8", "numba-f32"):
-        raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")
     try:
         from . import compiled
     except ImportError as e:
@@ -210,12 +209,6 @@ def layout_of(kernels: str = "auto") -> Backend:
 
 
 def get_backend(kernels: str = "auto") -> Backend:
-    """The backend a --kernels choice names. "auto": numba when it can be imported, else
-    numpy."""
-    if kernels == "numpy":
-        return numpy_backend()
-    if kernels in ("numba", "numba-int16", "numba-int8", "numba-f32"):
-        return numba_backend(kernels.removeprefix("numba-") if "-" in kernels else DEFAULT_DOT)
-    if kernels == "auto":
-        return numba_backend() if numba_importable() else numpy_backend()
-    raise QuantError(f"unknown kernels {kernels!r} (known: {', '.join(KERNELS)})")
+    """The backend a --kernels choice names (layout_of), its kernels compiled or loaded."""
+    backend = layout_of(kernels)
+    return numba_backend(backend.dot) if isinstance(backend, NumbaBackend) else backend
