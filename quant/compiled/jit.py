@@ -164,11 +164,12 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     return wrap(fn) if fn is not None else wrap
 
 
-def duplicate_specializations() -> list[str]:
-    """Out-of-line kernels compiled in this process for two argument types that differ only
-    in a literal value, an integer's sign or width, or an array's write flag: what `kernel`
-    keeps out (each would be optimized apart). Specializations loaded from the disk cache
-    are not seen here: a test runs this with an empty cache."""
+def duplicate_specializations(signatures: dict | None = None) -> list[str]:
+    """Out-of-line kernels given two specializations in this process (compiled, or loaded
+    from the disk cache) for argument types that differ only in a literal value, an
+    integer's sign or width, or an array's write flag: what `kernel` keeps out (each would
+    be optimized apart). `signatures`: dispatcher -> the signatures to look at (default:
+    every out-of-line kernel's, all it has in this process)."""
 
     def plain(t):
         t = types.unliteral(t)
@@ -180,13 +181,16 @@ def duplicate_specializations() -> list[str]:
             return tuple(plain(e) for e in t)
         return t
 
+    if signatures is None:
+        signatures = {d: list(d.overloads) for d in OUT_OF_LINE.values()}
     out = []
-    for (module, name), dispatcher in OUT_OF_LINE.items():
+    for dispatcher, sigs in signatures.items():
         seen: dict[tuple, tuple] = {}
-        for sig in dispatcher.overloads:
+        for sig in sigs:
             key = tuple(plain(t) for t in sig)
             if key in seen:
-                out.append(f"{module}.{name}: {seen[key]} and {sig}")
+                f = dispatcher.py_func
+                out.append(f"{f.__module__}.{f.__qualname__}: {seen[key]} and {sig}")
             seen[key] = sig
     return out
 

@@ -4,6 +4,7 @@ products within float32 rounding, the same KV caches, and no float64 inside a ke
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -30,6 +31,7 @@ from quant.compiled import (
     recurrent,
     team,
 )
+from quant.compiled.jit import OUT_OF_LINE, duplicate_specializations
 from quant.kv import KV_FORMATS
 from tests.helpers import CompilerCheck, fits, make_weight
 from tests.llama_np.model.test_decode_layers import SAME_WITHIN
@@ -404,6 +406,7 @@ def kernel_signatures() -> dict:
     from tests.llama_np.model.test_decode_layers import decode_batch, model_for
 
     FLOAT64_CHECK.skip_if_passed(*(k.__name__ for k in KERNELS))
+    before = {d: set(d.overloads) for d in OUT_OF_LINE.values()}
     for dot in ("f32", "int8", "int16"):
         numba_backend(dot)
     for case in STEPS:
@@ -416,7 +419,41 @@ def kernel_signatures() -> dict:
     while todo := [(k, sig) for k in KERNELS for sig in k.signatures if (k, sig) not in out]:
         for k, sig in todo:
             out[k, sig] = doubles(k.py_func, sig)
-    return out
+    added = {d: [s for s in d.overloads if s not in before[d]] for d in OUT_OF_LINE.values()}
+    return Typed(out, added)
+
+
+class Typed(NamedTuple):
+    doubles: dict  # (kernel, signature) -> what it computes in double precision
+    added: dict  # out-of-line kernel -> the specializations the fixture gave it
+
+
+def test_no_kernel_specialized_twice_for_one_type(kernel_signatures):
+    """The specializations the backends, the steps and the typing above give the out-of-line
+    kernels (the one call's callees typed as it calls them, the calls one by one as Python
+    calls them): none twice for types that differ only in a literal, an integer's sign or
+    width or an array's write flag (jit.duplicate_specializations), which LLVM would
+    optimize apart, so that a path gave other bits than the other. test_compile_order.py
+    holds the bits themselves for one order into an empty cache."""
+    assert not duplicate_specializations(kernel_signatures.added)
+
+
+def test_the_specialization_check_finds_a_second_one():
+    """The check above can fail: one kernel called with a read-only and a writable array,
+    an int32 and an int64, as two specializations."""
+
+    def twice(a, n):
+        return a[0] * n
+
+    k = numba.njit(twice)
+    a = np.ones(3, np.float32)
+    ro = a.copy()
+    ro.flags.writeable = False
+    k(a, 1)
+    k(ro, np.int32(1))
+    found = duplicate_specializations({k: list(k.overloads)})
+    assert len(found) == 1 and "twice" in found[0]
+    assert duplicate_specializations({k: list(k.overloads)[:1]}) == []
 
 
 @pytest.mark.slow  # types every kernel anew: ~50 s
@@ -426,7 +463,7 @@ def test_no_float64_arithmetic_in_a_kernel(kernel, kernel_signatures):
     double precision, as numba types it for each signature the backend uses: the promotion
     trap (DESIGN.md) is made in typing (a float32 times a Python int or float, an array
     made without a dtype)."""
-    found = {sig: bad for (k, sig), bad in kernel_signatures.items() if k is kernel}
+    found = {sig: bad for (k, sig), bad in kernel_signatures.doubles.items() if k is kernel}
     assert found, "never typed: no warm-up or step above calls it"
     for sig, bad in found.items():
         assert not bad, f"{kernel.__name__}{sig}: {bad[:3]}"

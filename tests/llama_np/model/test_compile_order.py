@@ -19,31 +19,58 @@ from tests.llama_np.model.test_decode_layers import decode, model_for
 # (case, kernels, KV format, which path runs first). One sequence's step: the one call
 # first, then the calls one by one, which find its row kernels compiled. Other formats, KV
 # stores, x's types and batches of 2-4 are held within float32 roundings across the paths
-# (test_decode_layers.py: compiled in any order, or loaded from the disk cache). Not here:
-# a batch's step the other way round (the calls one by one first), which compiled the
-# few-vector walker too, ~95 of this check's ~235 s (Zen 4, 2026-11-29): the specializations
-# that walker makes of its row kernels are not checked here (its calls go through the same
-# OutOfLine dispatchers, jit.kernel, whose unliteral types this check holds for the one
-# sequence's walker). A second case, each direction the other way round, doubled the check
-# again.
+# (test_decode_layers.py: compiled in any order, or loaded from the disk cache); that no
+# kernel gets a second specialization on any path, every model kind's and a batch's, in
+# test_compiled.py (test_no_kernel_specialized_twice_for_one_type). Not here: a batch's
+# step the other way round (the calls one by one first), which compiled the few-vector
+# walker too, ~95 of this check's ~235 s (Zen 4, 2026-11-29). A second case, each
+# direction the other way round, doubled the check again.
 ORDERS = [("q4_1 + q8_0 v, window", "numba-int8", "f32", "one call")]
 
+# The walker's kernels for what this case's model has none of (recurrent mixers, experts
+# and their routing, per-layer inputs): compiled into the walker, never run by either
+# path, so they are loaded from (or compiled into) the suite's own kernel cache, not
+# compiled anew here: ~35 of the check's ~150 s (Zen 4, 2026-12-07).
+UNUSED = [("quant.compiled.layers", "mixer_phase"), ("quant.compiled.layers", "experts_product"),
+          ("quant.compiled.layers", "experts_phase"), ("quant.compiled.layers", "per_layer_add"),
+          ("quant.compiled.ops", "route")]  # fmt: skip
 
-def compile_orders() -> None:
+
+def cached_in(folder: str) -> None:
+    """UNUSED's kernels cached in `folder` (the suite's kernel cache), not in this
+    process's NUMBA_CACHE_DIR."""
+    import numba
+
+    from quant.compiled.jit import OUT_OF_LINE, LockedIndex
+
+    saved = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = folder
+    try:
+        for key in UNUSED:
+            OUT_OF_LINE[key].enable_caching()
+            OUT_OF_LINE[key]._cache._cache_file.__class__ = LockedIndex
+    finally:
+        numba.config.CACHE_DIR = saved
+
+
+def compile_orders(suite_cache: str) -> None:
     """Run in a fresh process with an empty kernel cache (test_the_same_bits_with_the_one_
     call_compiled_first): compile one path before the other, hold them equal, and check
     that no out-of-line kernel was compiled twice for argument types that differ only in a
-    literal value, an integer's sign or width, or an array's write flag."""
+    literal value, an integer's sign or width, or an array's write flag. The prompt is one
+    token, so that the path compiled first is the step's own (a longer one compiles the
+    batch kernels of a prompt first: ~20 s)."""
     from quant import compiled
     from quant.compiled.jit import duplicate_specializations
 
     # the backend's warm-up would compile every format's kernels first (minutes on 2 cores,
     # and the rows ahead of either path): here each path compiles what it calls
     compiled.warm_up = lambda *args, **kwargs: None
+    cached_in(suite_cache)
     for case, kernels, kv, first in ORDERS:
         model = model_for(case, kernels)
         order = [True, False] if first == "one call" else [False, True]
-        a, b = (decode(model, kv, one_call)[0] for one_call in order)
+        a, b = (decode(model, kv, one_call, prompt=[1])[0] for one_call in order)
         assert np.array_equal(a, b), (case, kernels, kv, first)
     assert not duplicate_specializations(), duplicate_specializations()
 
@@ -58,8 +85,11 @@ def test_the_same_bits_with_the_one_call_compiled_first(tmp_path) -> None:
     check = CompilerCheck("compile-order", "llama_np/model/test_compile_order.py",
                           "llama_np/model/test_decode_layers.py")  # fmt: skip
     check.skip_if_passed()
+    from quant.compiled.jit import cache_folder
+
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
-    code = "from tests.llama_np.model.test_compile_order import compile_orders; compile_orders()"
+    code = ("from tests.llama_np.model.test_compile_order import compile_orders; "
+            f"compile_orders({str(cache_folder())!r})")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
