@@ -26,8 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # a model's load took the worker's share of the cores: its compiled teams of two threads
 # likely waited for a thread the check's compiling process displaced); and cold, with the
 # share, 717 s against 666 (test_compiled 368 worker seconds against 230; 2026-11-29).
+# test_igemm costs 6 s warm and ~100 cold (its AVX2 and generic paths compile): among its
+# neighbours' order it ran last, alone on one worker for ~95 s of a cold fresh clone's
+# 744 (2026-12-07).
 DEAREST = ["integration/test_qwen.py", "llama_np/model/test_compile_order.py",
-           "quant/test_compiled.py", "integration/test_smollm2.py",
+           "quant/test_compiled.py", "quant/test_igemm.py", "integration/test_smollm2.py",
            "integration/test_robustness.py", "integration/test_serve.py",
            "llama_np/model/test_decode_layers.py", "integration/test_fuzz.py",
            "integration/test_reference.py", "integration/test_first_run.py",
