@@ -395,10 +395,12 @@ STEPS = ["q4_0 gqa", "q4_0 mixtral", "q8_0 qwen3_5", "bf16 lfm2", "f32 gemma4"]
 
 
 @pytest.fixture(scope="session")  # once, however the tests are ordered
-def kernel_signatures() -> dict:
-    """kernel -> every signature the backends use: a kernel called from Python gets its
-    signatures from the backends' warm-up and from one decode step of a few small models
-    (every mixer kind, experts, per-layer inputs; one sequence and two); one called only
+def kernel_signatures() -> Typed:
+    """Every kernel typed for every signature the backends use (Typed: what each computes
+    in double precision; the specializations this gave the out-of-line kernels that they
+    had not had in this process): a kernel called from Python gets its signatures from
+    the backends' warm-up and from one decode step of a few small models (every mixer
+    kind, experts, per-layer inputs; one sequence and two); one called only
     from other kernels gets them while those are typed anew (numba types a callee as it
     types its caller). So kernels are typed until no new signature appears, whatever ran
     before. With LLAMA_NP_SKIP_PASSED=1, skipped where every kernel's check has passed
@@ -435,7 +437,9 @@ def test_no_kernel_specialized_twice_for_one_type(kernel_signatures):
     width or an array's write flag (jit.duplicate_specializations), which LLVM would
     optimize apart, so that a path gave other bits than the other. test_compile_order.py
     holds the bits themselves for one order into an empty cache."""
-    assert not duplicate_specializations(kernel_signatures.added)
+    added = kernel_signatures.added
+    assert added[layers.product] and added[fewlayers.product], "the walkers' callees untyped"
+    assert not duplicate_specializations(added)
 
 
 def test_the_specialization_check_finds_a_second_one():
