@@ -460,7 +460,7 @@ def test_the_specialization_check_finds_a_second_one():
     assert duplicate_specializations({k: list(k.overloads)[:1]}) == []
 
 
-@pytest.mark.slow  # types every kernel anew: ~50 s
+@pytest.mark.slow  # types every kernel anew: ~80 s
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
 def test_no_float64_arithmetic_in_a_kernel(kernel, kernel_signatures):
     """Nothing in a kernel (its inlined helpers and parallel loops included) computes in

@@ -1,7 +1,7 @@
 """The one-call decode step and the calls one by one run the same compiled kernels when the
 one call was compiled first: a fresh process with an empty kernel cache compiles it, then
 the calls one by one, which find its row kernels compiled. In a file of its own: it
-compiles a model's kernels anew (about two and a half minutes on a 2-vCPU Zen 4), and the
+compiles a model's one-call step anew (100-125 s on a 2-vCPU Zen 4), and the
 test workers (scripts/test.sh) take a file at a time."""
 
 from __future__ import annotations
