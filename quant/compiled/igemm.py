@@ -168,7 +168,8 @@ def matmat_int(decode, a0, a1, a2, factor, a3, code, nbytes, signed, paired, xq,
     """out (B, rows) (=, or += when add) X @ W.T for W decoded by `decode` (a panels_
     function, its arrays after it; `signed`: its codes are int8, SIGNED_Q8; `paired`: its
     scales are per 32 weights, panels.tile) and X as quantize_rows rounds it (xb: its
-    xb16, or paired_xb of it when `paired`; xoff, fold: folded_offsets, panels.tile);
+    xb16, or paired_xb of it when `paired`, unread when folded; xoff, fold: folded_offsets,
+    panels.tile);
     codes, dms: scratch_for(cols)."""
     groups = a0.shape[0]
     rows, nvec = out.shape[1], xq.shape[0]

@@ -126,6 +126,12 @@ class LockedIndex(IndexDataCacheFile):
             return super().load(key)
 
 
+def lock_cache(dispatcher: CPUDispatcher) -> None:
+    """The dispatcher's disk cache read and written under its folder's lock (LockedIndex);
+    again after `enable_caching` gives it a new cache (another folder)."""
+    dispatcher._cache._cache_file.__class__ = LockedIndex
+
+
 def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
     """@kernel: compiled with numba, cached on disk, float32 fast math as above.
 
@@ -150,7 +156,7 @@ def kernel(fn=None, *, parallel: bool = False, inline: bool = False):
 
     def wrap(f):
         dispatcher = numba.njit(f, **options)
-        dispatcher._cache._cache_file.__class__ = LockedIndex
+        lock_cache(dispatcher)
         if inline:
             return dispatcher
         dispatcher.__class__ = OutOfLine

@@ -244,8 +244,8 @@ class GroupedWeight(CompiledMatrix, BlockFormat):
                 fewdot.matmat_few(self.few, self.row_operands(), xs, vs, add, out)
             return
         xq, xd, xsum, _, xb16, lo = xs
-        xb = igemm.paired_xb(xb16) if self.paired else xb16
         xoff, fold = igemm.folded_offsets(self.fold, xsum, self.paired)
+        xb = igemm.paired_xb(xb16) if self.paired and not fold else xb16  # (unread if folded)
         codes, dms = igemm.scratch_for(self.shape[1])
         igemm.matmat_int(self.panels, *self.panel_operands(), self.signed, self.paired, xq, xd,
                          xb, xoff, fold, lo, add, out, codes, dms)  # fmt: skip

@@ -424,8 +424,9 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, xoff, fold, signed, 
             for r in vrows
         ]
         abase = builder.gep(array_ptr(context, builder, sa[17], ahead_, const(0)), [ahead_at])
-        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, (xbrow, xorow), lo, signed_,
-                          paired_, fold, abase)  # fmt: skip
+        offsets = xbrow, xorow
+        accs = _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, offsets, lo, signed_, paired_,
+                          fold, abase)  # fmt: skip
         store_rows(context, builder, sa[12], out_, sa[13], orows_, r0, nrows, add, accs)
         return context.get_dummy_value()
 
@@ -453,11 +454,12 @@ def tile(typingctx, codes, dm, nsub, xq, xrows, lo, xd, xb, xoff, fold, signed, 
     return sig, codegen
 
 
-def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, paired, fold, abase):
+def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, offsets, lo, signed, paired, fold, abase):
     """The loop over sub-blocks, its VECTORS float accumulators in registers; one loop body
     per kind of x (int8, int16), of codes (bytes, and int8 where SIGNED_Q8), of scales
     (per 16 weights, or shared by pairs of sub-blocks) and of offsets (M xb added, or
-    folded into the integer sums: paired formats only)."""
+    folded into the integer sums: paired formats only). `offsets`: each vector's row of xb
+    and of xoff."""
     result = [cgutils.alloca_once(builder, F32x16) for _ in range(VECTORS)]
     variants = [
         (w, sg, pr, fd)
@@ -482,7 +484,7 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, pair
         skip = builder.append_basic_block("tile.next")
         builder.cbranch(cond, body, skip)
         builder.position_at_end(body)
-        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, w, sg, pr, fd,
+        accs = _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, offsets, lo, w, sg, pr, fd,
                          abase)  # fmt: skip
         for v in range(VECTORS):
             builder.store(accs[v], result[v])
@@ -493,12 +495,12 @@ def _tile_loop(builder, cbase, dbase, nsub, xrow, xdrow, xbrow, lo, signed, pair
     return [builder.load(r) for r in result]
 
 
-def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, xrows, lo, wide: bool, signed: bool,
+def _one_loop(builder, cbase, dbase, nsub, xrow, xdrow, offsets, lo, wide: bool, signed: bool,
               paired: bool, folded: bool, abase):  # fmt: skip
     """Sub-blocks one at a time, or (paired) two, their integer sums added first (from x's
     offsets where `folded`)."""
     step = 2 if paired else 1
-    xbrow, xorow = xrows
+    xbrow, xorow = offsets
 
     def body(s, accs):
         for k in range(2 * step):

@@ -41,14 +41,14 @@ def cached_in(folder: str) -> None:
     process's NUMBA_CACHE_DIR."""
     import numba
 
-    from quant.compiled.jit import OUT_OF_LINE, LockedIndex
+    from quant.compiled.jit import OUT_OF_LINE, lock_cache
 
     saved = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = folder
     try:
         for key in UNUSED:
             OUT_OF_LINE[key].enable_caching()
-            OUT_OF_LINE[key]._cache._cache_file.__class__ = LockedIndex
+            lock_cache(OUT_OF_LINE[key])
     finally:
         numba.config.CACHE_DIR = saved
 
