@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[fast]'
+install_project fast
 "$VENV/bin/llama-np" pull smollm2-135m >/dev/null
 echo "--- a story from SmolLM2-135M-Instruct (Q4_1; the first run compiles the kernels, 38-54 s here) ---" >&2
 "$VENV/bin/llama-np" generate --chat --temp 0.7 --seed 42 -n 160 \

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test,plot,fast,serve]'
+install_project test,plot,fast,serve
 case " $* " in
     *" --render "*) ;;
     *)

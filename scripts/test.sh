@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test,plot,fast,serve]'
+install_project test,plot,fast,serve
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
