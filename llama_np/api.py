@@ -216,20 +216,21 @@ def load(
     (LlamaNpError naming the first), at the cost of reading every tensor once."""
     model = DEFAULT_MODEL if model is None else model
     path = resolve_model(model)
-    peek_config(path)  # a model the engine does not run: refused before anything compiles
+    header = peek_config(path)  # a model the engine does not run: refused before anything compiles
     notice = compile_notice(kernels, progress)
     try:
-        return _load(model, path, weights, head, threads, kernels, progress, check_tensors,
+        backend = choose_backend(kernels, notice)
+        src = open_source(path, backend, header)
+        del header  # a GGUF's parsed metadata: ~200 MB for a large vocabulary, not kept
+        return _load(model, src, weights, head, threads, progress, check_tensors, backend,
                      notice)  # fmt: skip
     finally:
         if notice:
             notice.close()
 
 
-def _load(model, path, weights, head, threads, kernels, progress, check_tensors,
+def _load(model, src, weights, head, threads, progress, check_tensors, backend,
           notice) -> LLM:  # fmt: skip
-    backend = choose_backend(kernels, notice)
-    src = open_source(path, backend)
     if check_tensors:
         src.check_tensors()
     if isinstance(model, str) and model in MODELS:

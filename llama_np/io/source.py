@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from llama_np.io.safetensors import PICKLE_SUFFIXES, Checkpoint, load_hf_checkpo
 from llama_np.io.tokenizer import Tokenizer, load_tokenizer
 from llama_np.model.build import Tensor, hf_norms
 from quant.backends import Backend, numpy_backend
+
+if TYPE_CHECKING:
+    from llama_np.io.gguf import Header
 
 # Metadata key under which `llama-np quantize` records each tensor's format and shape.
 FORMATS_KEY = "llama_np.formats"
@@ -100,22 +104,26 @@ def checkpoint_shape(directory: Path) -> tuple[Config, list[dict[str, str]], str
     return ckpt.config, format_plan(ckpt.config, fmt_of), head, embed
 
 
-def peek_config(path: str | Path) -> None:
+def peek_config(path: str | Path) -> Header | None:
     """Read only a model's config, refusing (one line) what the engine does not run before
-    anything is compiled or read: a GGUF's header, a checkpoint's config.json."""
-    from llama_np.io.gguf import gguf_shape
+    anything is compiled or read: a GGUF's header (returned, for open_source to read the
+    tensors it indexes), a checkpoint's config.json."""
+    from llama_np.io.gguf import read_header
 
     path = Path(path)
     if path.suffix == ".gguf" and path.is_file():
-        gguf_shape(path)
-    elif path.is_dir() and (path / "config.json").is_file():
+        return read_header(path)
+    if path.is_dir() and (path / "config.json").is_file():
         read_config_json(path / "config.json")
+    return None
 
 
-def open_source(path: str | Path, backend: Backend | None = None) -> Source:
+def open_source(
+    path: str | Path, backend: Backend | None = None, header: Header | None = None
+) -> Source:
     """Open a model; quantized matrices are laid out for `backend` (default: NumPy's) as
-    they are read."""
-    from llama_np.io.gguf import load_gguf
+    they are read. `header`: the GGUF's, when peek_config has read it."""
+    from llama_np.io.gguf import load_gguf, read_header
 
     backend = backend or numpy_backend()
     path = Path(path)
@@ -124,7 +132,7 @@ def open_source(path: str | Path, backend: Backend | None = None) -> Source:
     if path.suffix in PICKLE_SUFFIXES:
         refuse_pickle(path)
     if path.suffix == ".gguf":
-        config, tensors, tokenizer, names = load_gguf(path, backend)
+        config, tensors, tokenizer, names = load_gguf(header or read_header(path), backend)
         return Source(config, tensors, tokenizer, path, "gguf", names)
     directory = path if path.is_dir() else path.parent
     ckpt = load_hf_checkpoint(directory)
