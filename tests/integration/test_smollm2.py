@@ -52,8 +52,13 @@ def test_config_and_formats_from_gguf(native):
 
 def test_real_tensors_bit_exact_with_gguf(smollm2_path):
     """Our reading of real Q4_1/Q8_0 tensors equals gguf.quants; quantizing their f32
-    values again reproduces gguf.quants' codes and scales byte for byte."""
+    values again reproduces gguf.quants' codes and scales byte for byte. Our reader's
+    metadata (a 49,152-token vocabulary and its merges) is GGUFReader's, part for part."""
+    from llama_np.io.gguf import _reader
+    from tests.llama_np.io.test_gguf_reader import assert_same_fields
+
     reader = GGUFReader(smollm2_path)
+    assert_same_fields(_reader(smollm2_path), reader)
     picked = {
         t.name: t
         for t in reader.tensors
