@@ -150,10 +150,9 @@ def _array_parts(reader: GGUFReader, start: int, kinds: Any) -> tuple | None:
 
 class Header(NamedTuple):
     """A GGUF file's metadata, its tensors by name (unread) and the config they make,
-    checked: what the reader parses once per load (for a 150,000-token vocabulary ~200 MB
-    of small arrays and 2-4 s), the engine's refusal read before anything compiles."""
+    checked: what the reader parses once per load (a 150,000-token vocabulary is ~200 MB
+    of small arrays), the engine's refusal read before anything compiles."""
 
-    path: Path
     meta: Metadata
     by_name: dict[str, Any]
     config: Config
@@ -166,7 +165,7 @@ def read_header(path: Path) -> Header:
     by_name = {t.name: t for t in reader.tensors}
     config = config_from_gguf(meta, by_name, path.name)
     check_present(config, set(by_name), path)
-    return Header(path, meta, by_name, config)
+    return Header(meta, by_name, config)
 
 
 def load_gguf(
