@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM=false
 # A setting of pip's (environment, then its configuration files) from `pip config list`
 # in $PIP_CONFIG, empty when unset.
 pip_setting() {
-    sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" <<<"$PIP_CONFIG" | head -n 1
+    sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" <<<"$PIP_CONFIG" | sed -n 1p
 }
 
 # uv's options for pip's sources, one word each.
