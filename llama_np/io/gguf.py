@@ -77,19 +77,17 @@ def gguf_tensor(t: Any, n_head: int | None, backend: Backend) -> Tensor:
 
 
 def _reader(path: Path) -> GGUFReader:
-    """The `gguf` package's reader, over a plain ndarray view of its memory map: each of
-    the ~250,000 small slices it takes while parsing a vocabulary costs several times
-    more as an np.memmap (Python-level __getitem__ and __array_finalize__). SmolLM2's
-    GGUF loads in 2.3-2.9 s instead of 4.8-7.3 s. Its metadata arrays of strings and
-    numbers are parsed into the same parts, indices and types, a slice a part, without
-    the per-element calls (_array_parts)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+    """The `gguf` package's reader over a plain ndarray view of its memory map (a small
+    slice of an np.memmap costs several times more: Python-level __getitem__ and
+    __array_finalize__), its metadata arrays of strings and numbers parsed a slice a part
+    into the package's own parts (_array_parts): Qwen2.5-Coder-0.5B's header, a
+    151,936-token vocabulary and its merges, in 0.47 s where GGUFReader takes 7.0."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
     class Reader(GGUFReader):
         def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple:
-            fast = raw_type == GGUFValueType.ARRAY and self.byte_order == "I" and LITTLE
-            parsed = _array_parts(self, orig_offs, GGUFValueType) if fast else None
-            return parsed or super()._get_field_parts(orig_offs, raw_type)
+            return _array_parts(self, orig_offs, raw_type) or super()._get_field_parts(
+                orig_offs, raw_type)  # fmt: skip
 
         def _build_tensors(self, start_offs: int, fields: list) -> None:
             """The tensors' views, once the file is known to hold all their bytes."""
@@ -114,22 +112,24 @@ def _reader(path: Path) -> GGUFReader:
     return Reader(path, "r")
 
 
-LITTLE = sys.byteorder == "little"
-
-
-def _array_parts(reader: GGUFReader, start: int, kinds: Any) -> tuple | None:
-    """GGUFReader._get_field_parts of an array of strings or numbers (in this host's byte
-    order): (its bytes, parts, the indices of its elements' parts, types), as the package
+def _array_parts(reader: GGUFReader, start: int, raw_type: int) -> tuple | None:
+    """GGUFReader._get_field_parts of an array of strings or numbers in this host's byte
+    order: (its bytes, parts, the indices of its elements' parts, types), as the package
     makes them: the element type and count, then per element its length and bytes (a
-    string) or its one-element array. None for an array of arrays (the package's)."""
-    data, view = reader.data, memoryview(reader.data)
-    item_type, count = data[start : start + 4].view(np.uint32), data[start + 4 : start + 12]
-    count = count.view(np.uint64)
+    string) or its one-element array. None for any other field (the package's)."""
+    from gguf import GGUFValueType as Kind
+
+    if raw_type != Kind.ARRAY or reader.byte_order != "I" or sys.byteorder != "little":
+        return None
+    data = reader.data
+    item_type = data[start : start + 4].view(np.uint32)
+    count = data[start + 4 : start + 12].view(np.uint64)
     if len(item_type) != 1 or len(count) != 1:
         raise ValueError(f"an array at byte {start} runs past the end of the file")
-    kind, n, at = kinds(int(item_type[0])), int(count[0]), start + 12
+    kind, n, at = Kind(int(item_type[0])), int(count[0]), start + 12
     parts: list[np.ndarray] = [item_type, count]
-    if kind == kinds.STRING:
+    if kind == Kind.STRING:
+        view = memoryview(data)
         for _ in range(n):
             size = int.from_bytes(view[at : at + 8], "little")
             if at + 8 + size > len(data):
@@ -145,7 +145,7 @@ def _array_parts(reader: GGUFReader, start: int, kinds: Any) -> tuple | None:
         indices, at = list(range(2, 2 + n)), at + values.nbytes
     else:
         return None
-    return at - start, parts, indices, [kinds.ARRAY] + ([kind] if n else [])
+    return at - start, parts, indices, [Kind.ARRAY] + ([kind] if n else [])
 
 
 class Header(NamedTuple):
