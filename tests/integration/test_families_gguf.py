@@ -28,6 +28,19 @@ def test_every_family_has_a_fixture():
 MOE = ["granitemoe", "mixtral", "olmoe", "qwen3_moe"]
 
 
+def test_our_reader_parses_the_converters_files_as_the_gguf_package_does():
+    """Every fixture's metadata and tensor index, as io.gguf's reader parses them (its
+    arrays a slice a part), is GGUFReader's, part for part."""
+    from gguf import GGUFReader
+
+    from llama_np.io.gguf import _reader
+    from tests.llama_np.io.test_gguf_reader import assert_same_fields
+
+    for family in FAMILIES:
+        for path in sorted((FIXTURES / family).glob("*.gguf")):
+            assert_same_fields(_reader(path), GGUFReader(path))
+
+
 @pytest.mark.parametrize("name", MOE)
 def test_no_token_is_near_a_routing_tie(name):
     """Each token's k-th and (k+1)-th router probabilities (transformers') differ by more
