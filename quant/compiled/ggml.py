@@ -15,7 +15,7 @@ format once per block.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray
+from numba import carray, prange
 
 from .jit import kernel
 from .matvec import GROUP, PER, lane_sum, put
@@ -97,17 +97,18 @@ def scale_min_k4(b, s):
 def decode_q45_k(b, out, five):
     d, dmin = half(b, 0), half(b, 2)
     qs = 48 if five else 16
-    for s in range(8):  # sub-blocks of 32: nibble s % 2 of the bytes 32 (s // 2) ...
+    for s in range(8):  # sub-blocks of 32, the codes repacked (weights.repack_codes):
+        # nibble (s % 4) // 2 of the bytes 64 (s // 4) + 32 (s % 2) ...
         sc, mn = scale_min_k4(b, s)
         ds, ms = d * np.float32(sc), -(dmin * np.float32(mn))
-        src, dst = qs + 32 * (s // 2), 32 * s
+        src, dst, shift = qs + 64 * (s // 4) + 32 * (s % 2), 32 * s, 4 * ((s % 4) // 2)
         if five:  # bit s of byte j of qh: the fifth bit of element j
             for j in range(32):
-                q = field(b[src + j], 4 * (s % 2), 15) + np.float32(16) * field(b[16 + j], s, 1)
+                q = field(b[src + j], shift, 15) + np.float32(16) * field(b[16 + j], s, 1)
                 out[dst + j] = ds * q + ms
         else:
             for j in range(32):
-                out[dst + j] = ds * field(b[src + j], 4 * (s % 2), 15) + ms
+                out[dst + j] = ds * field(b[src + j], shift, 15) + ms
 
 
 @kernel(inline=True)
@@ -201,3 +202,37 @@ def vec_ggml(w, x, c0, c1, add, out):
     """matvec.matvec's entry for the K-quants with x in float32 (matvec.as_float)."""
     blocks, fmt, nbytes, weights = w
     rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out)
+
+
+# --- q4_k's and q5_k's codes in the order their kernels load them (weights.repack_codes)
+
+
+@kernel(inline=True)
+def nibble(src, o, e, repacked):
+    """Element e's 4-bit code among the 128 code bytes src[o:o + 128]: stored, 4 runs of 32
+    (element 64 v + 32 h + j: nibble h of byte 32 v + j); repacked, 2 halves of 64
+    (element 128 t + 64 h + j: nibble h of byte 64 t + j)."""
+    if repacked:
+        at, shift = o + 64 * (e // 128) + e % 64, 4 * ((e % 128) // 64)
+    else:
+        at, shift = o + 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32)
+    return (src[at] >> shift) & 15
+
+
+@kernel(parallel=True)
+def repack_codes(flat, start, inverse, chunk):
+    """In place, the 128 code bytes at `start` of every super-block (a row of flat): from
+    the stored order to the repacked one, or back (`inverse`); chunk super-blocks a task."""
+    n = flat.shape[0]
+    for c in prange(-(-n // chunk)):
+        src = np.empty(128, np.uint8)
+        for i in range(c * chunk, min(n, c * chunk + chunk)):
+            src[:] = flat[i, start : start + 128]
+            for k in range(128):  # byte k: the elements of its low and high nibble
+                if inverse:
+                    e = 64 * (k // 32) + k % 32  # stored: 64 v + j and 64 v + 32 + j
+                    lo, hi = nibble(src, 0, e, True), nibble(src, 0, e + 32, True)
+                else:
+                    e = 128 * (k // 64) + k % 64  # repacked: 128 t + j and 128 t + 64 + j
+                    lo, hi = nibble(src, 0, e, False), nibble(src, 0, e + 64, False)
+                flat[i, start + k] = lo | (hi << 4)

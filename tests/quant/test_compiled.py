@@ -30,6 +30,7 @@ from quant.compiled import (
     ops,
     recurrent,
     team,
+    weights,
 )
 from quant.compiled.jit import OUT_OF_LINE, duplicate_specializations
 from quant.kv import KV_FORMATS
@@ -62,6 +63,29 @@ def test_same_format_bit_for_bit(fmt, shape):
     ids = np.array([0, shape[0] - 1, shape[0] // 2])
     assert np.array_equal(a.rows(ids), b.rows(ids))
     assert b.nbytes == type(b).nbytes_for(shape)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k"])
+def test_repacked_codes_hold_the_elements_in_order(fmt, monkeypatch):
+    """q4_k's and q5_k's code bytes repacked at load (weights.repack_codes): byte j of half
+    t holds element 128 t + j in its low nibble and 128 t + 64 + j in its high one (the
+    elements' 4-bit codes as quant.ggml reads the stored runs), and the inverse gives the
+    stored bytes back, across chunks of a few super-blocks."""
+    monkeypatch.setattr(weights, "REPACK_CHUNK", 3)
+    nbytes, start = NUMPY[fmt].layout.nbytes, weights.K_CODES[fmt]
+    stored = np.random.default_rng(5).integers(0, 256, (7, nbytes), dtype=np.uint8)
+    runs = stored[:, start : start + 128].reshape(7, 4, 32)
+    elements = np.stack([runs & 15, runs >> 4], axis=2).reshape(7, 256)  # 64 v + 32 h + j
+    repacked = stored.copy()
+    weights.repack_codes(repacked, nbytes, start)
+    halves = repacked[:, start : start + 128].reshape(7, 2, 64)
+    assert np.array_equal(halves & 15, elements.reshape(7, 2, 2, 64)[:, :, 0])
+    assert np.array_equal(halves >> 4, elements.reshape(7, 2, 2, 64)[:, :, 1])
+    rest = np.ones(nbytes, bool)
+    rest[start : start + 128] = False
+    assert np.array_equal(repacked[:, rest], stored[:, rest])
+    weights.repack_codes(repacked, nbytes, start, inverse=True)
+    assert np.array_equal(repacked, stored)
 
 
 @pytest.mark.parametrize(("fmt", "shape"), CASES, ids=IDS)

@@ -1,12 +1,14 @@
 """The K-quants' integer SIMD: one super-block of 256 weights of a row, as stored in GGUF,
 multiplied by x rounded to int8 (intdot.rows_k), all in vector registers.
 
-Each K-quant is decoded here into the same integer form (intdot.py's table): 4 vectors of
-64 unsigned codes c (elements 64 v .. 64 v + 63), 16 integer sub-block scales a_s and
-mins b_s (sub-blocks of 16), and two float16 numbers D and M, with x_e = D a_s c_e - M b_s.
+Each K-quant is decoded here into the same form (intdot.py's table): 4 vectors of 64
+unsigned codes c (elements 64 v .. 64 v + 63) and, per sub-block of 16, the float32
+products D a_s and M b_s of its integer scale a_s and min b_s with the super-block's two
+float16 numbers D and M, with x_e = D a_s c_e - M b_s.
 Every code vector comes from byte loads, shifts and masks of whole 32- or 64-byte runs
 (no gather, no per-byte loop), because the K-quants store a super-block's codes as bit
-fields of 32-byte runs: element 128 h + 32 f + j sits in field f of byte j of half h.
+fields of 32-byte runs: element 128 h + 32 f + j sits in field f of byte j of half h
+(q4_k's and q5_k's 4-bit codes repacked at load into q6_k's order: q45_k).
 `int8.dot_u8` then multiplies each code vector by its 64 values of x (vpdpbusd on VNNI)."""
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def _float16(builder, base, offset: int):
     return builder.fpext(builder.load(ptr, align=1), ir.FloatType())
 
 
+def _times(builder, v, f):
+    """float(v) * f in every lane, for v <16 x i32> and f a float32 scalar."""
+    fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
+    return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
+
+
 def q2_k(builder, b):
     codes = []
     for h in range(2):
@@ -65,7 +73,8 @@ def q2_k(builder, b):
         codes += [_fields(builder, q, (4 * p, 4 * p + 2), 3) for p in range(2)]
     sc = builder.zext(_bytes(builder, b, 0, 16), I32x16)
     a, m = builder.and_(sc, _splat(sc, 15)), builder.lshr(sc, _splat(sc, 4))
-    return codes, a, m, _float16(builder, b, 80), _float16(builder, b, 82)
+    d, dmin = _float16(builder, b, 80), _float16(builder, b, 82)
+    return codes, _times(builder, a, d), _times(builder, m, dmin)
 
 
 def _scale_bits(builder, b, offset: int, n: int, step: int, mask: int):
@@ -89,7 +98,8 @@ def q3_k(builder, b):
     high = _scale_bits(builder, b, 104, 4, 2, 3)
     a = builder.sub(builder.or_(low, builder.shl(high, _splat(high, 4))), _splat(low, 32))
     d = _float16(builder, b, 108)
-    return codes, a, a, d, builder.fmul(d, ir.Constant(ir.FloatType(), 4.0))  # d a (c - 4)
+    dmin = builder.fmul(d, ir.Constant(ir.FloatType(), 4.0))  # d a (c - 4)
+    return codes, _times(builder, a, d), _times(builder, a, dmin)
 
 
 def _dwords(builder, q, picks: list[int | None]):
@@ -103,33 +113,51 @@ def _dwords(builder, q, picks: list[int | None]):
 
 
 def _scale_min_k4(builder, b):
-    """The 8 6-bit scales and mins of q4_k / q5_k (bytes 4..15: q[0..11]), each over 2
-    lanes of 16. Scale j < 4 is q[j] & 63, min j < 4 q[j + 4] & 63; for j >= 4 the low
-    4 bits are q[j + 4]'s low (scale) or high (min) nibble and the top 2 the top 2 of
-    q[j - 4] (scale) or q[j] (min). All 16 at once, lane l < 8 scale l, lane 8 + j min j:
-    two byte shuffles, two shifts and one bitwise select."""
+    """D a_s and M b_s (<16 x float> each, lane s: sub-block of 16 s) of q4_k / q5_k: the 8
+    6-bit scales and mins in bytes 4..15 (q[0..11]), each over 2 lanes. Scale j < 4 is
+    q[j] & 63, min j < 4 q[j + 4] & 63; for j >= 4 the low 4 bits are q[j + 4]'s low
+    (scale) or high (min) nibble and the top 2 the top 2 of q[j - 4] (scale) or q[j]
+    (min). All 16 at once, interleaved (lane 2 j scale j, 2 j + 1 min j): two byte
+    shuffles, two shifts and one bitwise select; one conversion, then one product by
+    d and dmin read as one broadcast pair of float16 (lanes alike), and two spreads."""
     q = _bytes(builder, b, 4, 16)
-    low = _dwords(builder, q, [*range(4), *range(8, 12), *range(4, 12)])
-    top = _dwords(builder, q, [None] * 4 + [*range(4)] + [None] * 4 + [*range(4, 8)])
-    nibble = builder.lshr(low, ir.Constant(I32x16, [0] * 12 + [4] * 4))
-    keep = ir.Constant(I32x16, ([63] * 4 + [15] * 4) * 2)
+    old = [n // 2 if n % 2 == 0 else 8 + n // 2 for n in range(16)]  # new lane <- lane
+    low_picks = [*range(4), *range(8, 12), *range(4, 12)]
+    top_picks = [None] * 4 + [*range(4)] + [None] * 4 + [*range(4, 8)]
+    shifts, keeps = [0] * 12 + [4] * 4, ([63] * 4 + [15] * 4) * 2
+    low = _dwords(builder, q, [low_picks[k] for k in old])
+    top = _dwords(builder, q, [top_picks[k] for k in old])
+    nibble = builder.lshr(low, ir.Constant(I32x16, [shifts[k] for k in old]))
+    keep = ir.Constant(I32x16, [keeps[k] for k in old])
     high = builder.lshr(top, _splat(top, 2))  # bits 6, 7 -> 4, 5 (and 0..5 -> 0..3)
     both = builder.or_(builder.and_(nibble, keep), builder.and_(high, builder.not_(keep)))
-    return _spread(builder, both, [s // 2 for s in range(16)]), _spread(
-        builder, both, [8 + s // 2 for s in range(16)])  # fmt: skip
+    pair = builder.bitcast(_bytes(builder, b, 0, 4), ir.VectorType(ir.HalfType(), 2))
+    dd = builder.fpext(_spread(builder, pair, [0, 1] * 8), F32x16)  # d, dmin, d, dmin ...
+    scaled = builder.fmul(builder.sitofp(both, F32x16), dd)
+    return _spread(builder, scaled, [2 * (s // 2) for s in range(16)]), _spread(
+        builder, scaled, [2 * (s // 2) + 1 for s in range(16)])  # fmt: skip
 
 
 def q45_k(builder, b, five: bool):
-    qs, codes = 48 if five else 16, []
+    """q4_k / q5_k with their code bytes repacked at load (weights.repack_codes): byte j
+    of half h holds element 128 h + j (low nibble) and 128 h + 64 + j (high), as q6_k's
+    low bits: a half's 64-byte load, one shift of its 16-bit words and two masks give 128
+    codes in order, where the stored order (4 runs of 32) took a broadcast and a shift per
+    64."""
+    qs, nibbles, codes = 48 if five else 16, [], []
     qh = _bytes(builder, b, 16, 32) if five else None
-    for v in range(4):  # sub-blocks of 32 2 v (low nibbles of run v) and 2 v + 1 (high)
-        c = _fields(builder, _bytes(builder, b, qs + 32 * v, 32), (0, 4), 15)
+    words = ir.VectorType(ir.IntType(16), 32)
+    four = ir.Constant(words, [4] * 32)
+    for h in range(2):
+        q = _bytes(builder, b, qs + 64 * h, 64)
+        high = builder.bitcast(builder.lshr(builder.bitcast(q, words), four), q.type)
+        nibbles += [builder.and_(q, _splat(q, 15)), builder.and_(high, _splat(high, 15))]
+    for v, c in enumerate(nibbles):  # elements 64 v ..: sub-blocks of 32 2 v and 2 v + 1
         if five:
             high = _fields(builder, qh, (2 * v, 2 * v + 1), 1)
             c = builder.or_(c, builder.shl(high, _splat(high, 4)))
         codes.append(c)
-    a, m = _scale_min_k4(builder, b)
-    return codes, a, m, _float16(builder, b, 0), _float16(builder, b, 2)
+    return (codes, *_scale_min_k4(builder, b))
 
 
 def q6_k(builder, b):
@@ -142,7 +170,8 @@ def q6_k(builder, b):
             codes.append(builder.or_(low, builder.shl(high, _splat(high, 4))))
     a = builder.sext(_bytes(builder, b, 192, 16), I32x16)
     d = _float16(builder, b, 208)
-    return codes, a, a, d, builder.fmul(d, ir.Constant(ir.FloatType(), 32.0))  # d a (c - 32)
+    dmin = builder.fmul(d, ir.Constant(ir.FloatType(), 32.0))  # d a (c - 32)
+    return codes, _times(builder, a, d), _times(builder, a, dmin)
 
 
 DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
@@ -151,8 +180,7 @@ DECODERS = {Q2_K: q2_k, Q3_K: q3_k, Q4_K: lambda bd, b: q45_k(bd, b, False),
 
 def _access(context, builder, sig, args):
     """A K-quant codegen's helpers: ptr(k, at) -> the address of argument k's element
-    args[at]; lanes(k, at) -> the same as a pointer to 16 float32 lanes; times(v, f) ->
-    float(v) * f, for v <16 x i32> and f a float32 scalar."""
+    args[at]; lanes(k, at) -> the same as a pointer to 16 float32 lanes."""
 
     def ptr(k, at_arg):
         ary = context.make_array(sig.args[k])(context, builder, args[k])
@@ -161,11 +189,7 @@ def _access(context, builder, sig, args):
     def lanes(k, at_arg):
         return builder.bitcast(ptr(k, at_arg), F32x16.as_pointer())
 
-    def times(v, f):
-        fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
-        return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
-
-    return ptr, lanes, times
+    return ptr, lanes
 
 
 def _k_into(builder, fmt: int, block, xs, lo, xd16s, xb16s, accs, mins):
@@ -173,11 +197,7 @@ def _k_into(builder, fmt: int, block, xs, lo, xd16s, xb16s, accs, mins):
     each vector's 256 values: its x bytes at xs[j] (low bytes lo on), its sub-blocks'
     scales and scaled sums at xd16s[j], xb16s[j] (<16 x float>*); accs[j] += the D a_s
     xd_s (c . xq), mins[j] -= the M b_s xd_s sum(xq) (<16 x float>* each)."""
-    codes, a, m, d, dmin = DECODERS[fmt](builder, block)
-
-    def times(v, f):
-        fv = builder.insert_element(ir.Constant(F32x16, ir.Undefined), f, ir.Constant(I32, 0))
-        return builder.fmul(builder.sitofp(v, F32x16), _spread(builder, fv, [0] * 16))
+    codes, da, mb = DECODERS[fmt](builder, block)
 
     def dots(ptrs, inits=None):  # the 4 code vectors by their 64 values of each x
         inits = inits or [None] * (4 * len(ptrs))
@@ -185,7 +205,6 @@ def _k_into(builder, fmt: int, block, xs, lo, xd16s, xb16s, accs, mins):
                 for j, at in enumerate(ptrs) for v, c in enumerate(codes)]  # fmt: skip
 
     sums = with_low(builder, lo, dots(xs), lambda i: dots([builder.gep(x, [lo]) for x in xs], i))
-    da, mb = times(a, d), times(m, dmin)
     for j, acc_at in enumerate(accs):
         w = builder.fmul(da, builder.load(xd16s[j], align=4))
         total = builder.load(acc_at, align=4)
@@ -208,7 +227,7 @@ def _k_block(fmt: int):
         xb16[so + s]: sub-block s's x scale and scale * sum(xq)."""
 
         def codegen(context, builder, sig, args):
-            ptr, lanes, _ = _access(context, builder, sig, args)
+            ptr, lanes = _access(context, builder, sig, args)
             _k_into(builder, fmt, ptr(3, 4), [ptr(5, 6)], args[10], [lanes(7, 9)],
                     [lanes(8, 9)], [lanes(0, 2)], [lanes(1, 2)])  # fmt: skip
 
@@ -231,7 +250,7 @@ def _k_block_n(fmt: int):
         vs[j] of xq, xd16 and xb16 (2-D), into acc and mins from at + 64 j."""
 
         def codegen(context, builder, sig, args):
-            ptr, _, _ = _access(context, builder, sig, args)
+            ptr, _ = _access(context, builder, sig, args)
             rows = vectors(builder, sig, args, 6)
 
             def each(k, at):
@@ -271,10 +290,9 @@ def _k_block_f32(fmt: int):
         decoded in registers as for int8 x (DECODERS), then widened to float."""
 
         def codegen(context, builder, sig, args):
-            ptr, lanes, times = _access(context, builder, sig, args)
-            codes, a, m, d, dmin = DECODERS[fmt](builder, ptr(3, 4))
+            ptr, lanes = _access(context, builder, sig, args)
+            codes, w, mb = DECODERS[fmt](builder, ptr(3, 4))
 
-            w = times(a, d)
             x = builder.bitcast(ptr(5, 6), ir.FloatType().as_pointer())
             acc_at = lanes(0, 2)
             total = builder.load(acc_at, align=4)
@@ -290,7 +308,7 @@ def _k_block_f32(fmt: int):
                                          flags=["contract"])  # fmt: skip
             builder.store(total, acc_at, align=4)
             mins_at = lanes(1, 2)
-            taken = builder.fmul(times(m, dmin), builder.load(lanes(7, 8), align=4),
+            taken = builder.fmul(mb, builder.load(lanes(7, 8), align=4),
                                  flags=["contract"])  # fmt: skip
             builder.store(builder.fsub(builder.load(mins_at, align=4), taken, flags=["contract"]),
                           mins_at, align=4)  # fmt: skip

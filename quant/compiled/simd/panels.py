@@ -326,15 +326,12 @@ def _panel_k(fmt: int):
                     builder.mul(builder.add(builder.mul(blk, const(4)), const(i)), nbytes),
                 )
                 b = builder.gep(base, [builder.select(ok, at, const(0))])
-                codes, a, m, d, dmin = DECODERS[fmt](builder, b)
+                codes, dv, mv = DECODERS[fmt](builder, b)
                 for v in range(4):
                     chunks[v][r] = builder.select(
                         ok, builder.bitcast(codes[v], I32x16), ir.Constant(I32x16, None)
                     )
-                dv = builder.fmul(builder.sitofp(a, F32x16), splat(builder, d, F32x16))
-                mv = builder.fmul(
-                    builder.sitofp(m, F32x16), splat(builder, builder.fneg(dmin), F32x16)
-                )
+                mv = builder.fneg(mv)
                 ds.append(builder.select(ok, dv, ir.Constant(F32x16, None)))
                 ms.append(builder.select(ok, mv, ir.Constant(F32x16, None)))
             dst = array_ptr(context, builder, sig.args[5], args[5], const(0))
