@@ -11,14 +11,17 @@ import functools
 
 from .jit import kernel_cache, set_threads, take_turns, threading_layer
 
-with kernel_cache():  # the kernels below are compiled into the project's cache
-    from . import fewlayers, recurrent
+with kernel_cache():  # the kernels below are compiled into the project's cache: every
+    # module that defines kernels, imported here (one imported later, by its first user,
+    # would cache its kernels beside its source, keyed on its own file only, and keep the
+    # machine code of helpers since changed: tests/quant/test_kernel_cache.py)
+    from . import experts, fewlayers, peak, recurrent
     from .weights import FORMATS
 
 from .simd import DOT_INSTRUCTION
 
-__all__ = ["DOT_INSTRUCTION", "FORMATS", "fewlayers", "recurrent", "set_threads",
-           "threading_layer"]  # fmt: skip
+__all__ = ["DOT_INSTRUCTION", "FORMATS", "experts", "fewlayers", "peak", "recurrent",
+           "set_threads", "threading_layer"]  # fmt: skip
 
 
 def warm_up(formats: dict, kv_formats: list[str], dot: str = "f32", progress=None) -> None:

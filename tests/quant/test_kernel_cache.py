@@ -5,6 +5,8 @@ named another's data for about 20 (so every later process that loaded one crashe
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -54,3 +56,36 @@ def test_a_file_system_without_locks_saves_and_loads_as_numba_does(tmp_path, mon
     cache.save(("a", 1), "machine code")
     assert cache.load(("a", 1)) == "machine code"
     assert cache.load(("a", 2)) is None
+
+
+CACHED_WHERE = """
+import importlib, json, pkgutil, sys
+import numba
+import quant.compiled
+from quant.compiled.jit import cache_folder
+out = {}
+for m in pkgutil.walk_packages(quant.compiled.__path__, "quant.compiled."):
+    module = importlib.import_module(m.name)
+    for name, d in vars(module).items():
+        path = getattr(getattr(d, "_cache", None), "_cache_path", None)
+        if isinstance(d, numba.core.dispatcher.Dispatcher) and path and d.__module__ == m.name:
+            out[f"{m.name}.{name}"] = path
+print(json.dumps({"folder": str(cache_folder()), "kernels": out}))
+"""
+
+
+def test_every_kernel_is_cached_in_the_project_folder():
+    """Each module of quant.compiled that defines kernels is imported inside kernel_cache
+    (quant/compiled/__init__.py), so its kernels are cached under the key of every source
+    of the package. One imported later by its first user (quant.compiled.experts, by the
+    model's ops, was) cached beside its source under numba's key of its own file, and kept
+    the machine code of the helpers it inlines after they changed: the mixture of experts'
+    step read K-quant blocks in a layout they no longer had."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    r = subprocess.run([sys.executable, "-c", CACHED_WHERE], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got["kernels"]) > 50
+    elsewhere = {k: p for k, p in got["kernels"].items() if not p.startswith(got["folder"])}
+    assert not elsewhere, elsewhere
