@@ -119,10 +119,12 @@ def decode_q6_k(b, out):
             s = 8 * hf + 2 * f
             d0 = d * np.float32(np.int8(b[192 + s]))
             d1 = d * np.float32(np.int8(b[192 + s + 1]))
-            lo, hi, dst = 64 * hf + 32 * (f & 1), 128 + 32 * hf, 16 * s
+            # qh repacked (weights.repack_codes): field v of byte k is element 64 v + k's
+            lo, hi, dst = 64 * hf + 32 * (f & 1), 128 + 32 * (f & 1), 16 * s
+            v = 2 * hf + (f >> 1)
             for j in range(32):
                 ds = d0 if j < 16 else d1
-                q = field(b[lo + j], 4 * (f >> 1), 15) + np.float32(16) * field(b[hi + j], 2 * f, 3)
+                q = field(b[lo + j], 4 * (f >> 1), 15) + np.float32(16) * field(b[hi + j], 2 * v, 3)
                 out[dst + j] = ds * (q - np.float32(32))
 
 
@@ -219,6 +221,16 @@ def nibble(src, o, e, repacked):
     return (src[at] >> shift) & 15
 
 
+@kernel(inline=True)
+def high2(src, e, repacked):
+    """Element e's top 2 bits among q6_k's 64 bytes qh (src): stored, 2 halves of 32
+    (element 128 h + 32 f + j: field f of byte 32 h + j); repacked, field v of byte k is
+    element 64 v + k's."""
+    if repacked:
+        return (src[e % 64] >> (2 * (e // 64))) & 3
+    return (src[32 * (e // 128) + e % 32] >> (2 * ((e % 128) // 32))) & 3
+
+
 @kernel(parallel=True)
 def repack_codes(flat, start, inverse, chunk):
     """In place, the 128 code bytes at `start` of every super-block (a row of flat): from
@@ -236,3 +248,23 @@ def repack_codes(flat, start, inverse, chunk):
                     e = 128 * (k // 64) + k % 64  # repacked: 128 t + j and 128 t + 64 + j
                     lo, hi = nibble(src, 0, e, False), nibble(src, 0, e + 64, False)
                 flat[i, start + k] = lo | (hi << 4)
+
+
+@kernel(parallel=True)
+def repack_high2(flat, start, inverse, chunk):
+    """repack_codes for q6_k's top 2 bits, the 64 bytes qh at `start`: field v of byte k
+    element 64 v + k's (q6_k's decoder takes code vector v's with one shift and one mask)."""
+    n = flat.shape[0]
+    for c in prange(-(-n // chunk)):
+        src = np.empty(64, np.uint8)
+        for i in range(c * chunk, min(n, c * chunk + chunk)):
+            src[:] = flat[i, start : start + 64]
+            for k in range(64):
+                byte = 0
+                for f in range(4):  # the byte's field f: the element it holds
+                    if inverse:  # stored: byte 32 h + j, field f = element 128 h + 32 f + j
+                        e = 128 * (k // 32) + 32 * f + k % 32
+                    else:
+                        e = 64 * f + k
+                    byte |= high2(src, e, inverse) << (2 * f)
+                flat[i, start + k] = byte

@@ -75,8 +75,9 @@ def from_groups(a: np.ndarray, rows: int, per_block: int) -> np.ndarray:
     return rowwise.reshape(groups * GROUP, nb * per_block)[:rows]
 
 
-# q4_k's and q5_k's 128 code bytes: where they start in a super-block (quant.ggml's layout)
-K_CODES = {"q4_k": 16, "q5_k": 48}
+# where the bits repack_codes lays out start in a super-block (quant.ggml's layout): q4_k's
+# and q5_k's 128 code bytes, q6_k's 64 bytes of top 2 bits
+K_CODES = {"q4_k": 16, "q5_k": 48, "q6_k": 128}
 REPACK_CHUNK = 1024  # super-blocks a thread repacks at a time
 
 
@@ -85,9 +86,16 @@ def repack_codes(blocks: np.ndarray, nbytes: int, start: int, inverse: bool = Fa
     bytes, stored as 4 runs of 32 whose low nibbles are elements 64 v + j and high nibbles
     64 v + 32 + j, laid out as q6_k's low nibbles are, byte j of half t holding element
     128 t + j (low nibble) and 128 t + 64 + j (high): one 64-byte load and two masks give
-    128 codes in order (simd/kquants.q45_k). `inverse`: back to the stored order. Compiled
-    (ggml.repack_codes): 0.06 s a 100 MB on 2 threads, where NumPy's 0.19 (Zen 4)."""
-    ggml.repack_codes(blocks.reshape(-1, nbytes), start, inverse, REPACK_CHUNK)
+    128 codes in order (simd/kquants.q45_k). q6_k (start 128): its 64 bytes of top 2
+    bits, stored as 2 halves of 32 whose field f of byte j is element 128 h + 32 f + j's,
+    laid out so that field v of byte k is element 64 v + k's (simd/kquants.q6_k).
+    `inverse`: back to the stored order. Compiled (ggml.repack_codes): 0.06 s a 100 MB on
+    2 threads, where NumPy's 0.19 (Zen 4)."""
+    flat = blocks.reshape(-1, nbytes)
+    if start == K_CODES["q6_k"]:
+        ggml.repack_high2(flat, start, inverse, REPACK_CHUNK)
+    else:
+        ggml.repack_codes(flat, start, inverse, REPACK_CHUNK)
 
 
 ONE = np.float32(1)  # the factor on a format's own mins

@@ -88,6 +88,28 @@ def test_repacked_codes_hold_the_elements_in_order(fmt, monkeypatch):
     assert np.array_equal(repacked, stored)
 
 
+def test_repacked_q6_k_top_bits_hold_the_elements_in_order(monkeypatch):
+    """q6_k's 64 bytes of top 2 bits repacked at load: field v of byte k is element 64 v +
+    k's (stored: field f of byte 32 h + j is element 128 h + 32 f + j's); the inverse
+    gives the stored bytes back; nothing else moves."""
+    monkeypatch.setattr(weights, "REPACK_CHUNK", 3)
+    nbytes, start = NUMPY["q6_k"].layout.nbytes, weights.K_CODES["q6_k"]
+    stored = np.random.default_rng(6).integers(0, 256, (7, nbytes), dtype=np.uint8)
+    qh = stored[:, start : start + 64].reshape(7, 2, 32)
+    fields = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=2)  # (7, h, f, j)
+    elements = fields.reshape(7, 256)  # 128 h + 32 f + j
+    repacked = stored.copy()
+    weights.repack_codes(repacked, nbytes, start)
+    moved = repacked[:, start : start + 64]
+    for v in range(4):
+        assert np.array_equal((moved >> (2 * v)) & 3, elements[:, 64 * v : 64 * v + 64])
+    rest = np.ones(nbytes, bool)
+    rest[start : start + 64] = False
+    assert np.array_equal(repacked[:, rest], stored[:, rest])
+    weights.repack_codes(repacked, nbytes, start, inverse=True)
+    assert np.array_equal(repacked, stored)
+
+
 @pytest.mark.parametrize(("fmt", "shape"), CASES, ids=IDS)
 def test_products_equal_the_numpy_kernels_within_float32_rounding(fmt, shape):
     a, b = pair(fmt, shape, seed=1)

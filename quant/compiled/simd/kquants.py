@@ -161,13 +161,23 @@ def q45_k(builder, b, five: bool):
 
 
 def q6_k(builder, b):
-    codes = []
+    """q6_k with its top 2 bits repacked at load (weights.repack_codes): field v of byte k
+    of qh is element 64 v + k's, so code vector v's are qh's 64 bytes shifted by 2 v,
+    each byte's 4 in bits 4 and 5 after one shift of qh's 16-bit words and one mask (the
+    stored order took a broadcast, a shift, a mask and a shift per vector)."""
+    codes, words = [], ir.VectorType(ir.IntType(16), 32)
+    qh = builder.bitcast(_bytes(builder, b, 128, 64), words)
     for h in range(2):
-        ql, qh = _bytes(builder, b, 64 * h, 64), _bytes(builder, b, 128 + 32 * h, 32)
-        for p in range(2):  # elements 128 h + 64 p ..: fields 2 p and 2 p + 1
+        ql = _bytes(builder, b, 64 * h, 64)
+        for p in range(2):  # elements 128 h + 64 p ..: ql's nibble p, qh's field 2 h + p
             low = builder.and_(builder.lshr(ql, _splat(ql, 4 * p)) if p else ql, _splat(ql, 15))
-            high = _fields(builder, qh, (4 * p, 4 * p + 2), 3)
-            codes.append(builder.or_(low, builder.shl(high, _splat(high, 4))))
+            up = 4 - 2 * (2 * h + p)  # field 2 h + p to bits 4 and 5: 4, 2, 0 or -2
+            moved = qh
+            if up:
+                by = ir.Constant(words, [abs(up)] * 32)
+                moved = builder.shl(qh, by) if up > 0 else builder.lshr(qh, by)
+            high = builder.and_(builder.bitcast(moved, ql.type), _splat(ql, 0x30))
+            codes.append(builder.or_(low, high))
     a = builder.sext(_bytes(builder, b, 192, 16), I32x16)
     d = _float16(builder, b, 208)
     dmin = builder.fmul(d, ir.Constant(ir.FloatType(), 32.0))  # d a (c - 32)
