@@ -38,7 +38,7 @@ fi
 if [ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]; then
     mkdir -p "$CACHE"
     TMP=$(mktemp -d "$CACHE/.llama.cpp.XXXXXX")
-    "$VENV/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    "$VENV/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==$VERSION" -d "$TMP"
     tar xzf "$TMP/llama_cpp_python-$VERSION.tar.gz" -C "$TMP"
     rm -rf "$SRC"

@@ -206,7 +206,7 @@ def vec_ggml(w, x, c0, c1, add, out):
     rows_ggml(blocks, fmt, nbytes, weights, x, c0, c1, add, out)
 
 
-# --- q4_k's and q5_k's codes in the order their kernels load them (weights.repack_codes)
+# --- q4_k's, q5_k's and q6_k's codes in the order their kernels load them (weights.repack_codes)
 
 
 @kernel(inline=True)
