@@ -210,14 +210,14 @@ def vec_ggml(w, x, c0, c1, add, out):
 
 
 @kernel(inline=True)
-def nibble(src, o, e, repacked):
-    """Element e's 4-bit code among the 128 code bytes src[o:o + 128]: stored, 4 runs of 32
+def nibble(src, e, repacked):
+    """Element e's 4-bit code among the 128 code bytes src: stored, 4 runs of 32
     (element 64 v + 32 h + j: nibble h of byte 32 v + j); repacked, 2 halves of 64
     (element 128 t + 64 h + j: nibble h of byte 64 t + j)."""
     if repacked:
-        at, shift = o + 64 * (e // 128) + e % 64, 4 * ((e % 128) // 64)
+        at, shift = 64 * (e // 128) + e % 64, 4 * ((e % 128) // 64)
     else:
-        at, shift = o + 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32)
+        at, shift = 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32)
     return (src[at] >> shift) & 15
 
 
@@ -243,10 +243,10 @@ def repack_codes(flat, start, inverse, chunk):
             for k in range(128):  # byte k: the elements of its low and high nibble
                 if inverse:
                     e = 64 * (k // 32) + k % 32  # stored: 64 v + j and 64 v + 32 + j
-                    lo, hi = nibble(src, 0, e, True), nibble(src, 0, e + 32, True)
+                    lo, hi = nibble(src, e, True), nibble(src, e + 32, True)
                 else:
                     e = 128 * (k // 64) + k % 64  # repacked: 128 t + j and 128 t + 64 + j
-                    lo, hi = nibble(src, 0, e, False), nibble(src, 0, e + 64, False)
+                    lo, hi = nibble(src, e, False), nibble(src, e + 64, False)
                 flat[i, start + k] = lo | (hi << 4)
 
 

@@ -77,14 +77,14 @@ def test_repacked_codes_hold_the_elements_in_order(fmt, monkeypatch):
     runs = stored[:, start : start + 128].reshape(7, 4, 32)
     elements = np.stack([runs & 15, runs >> 4], axis=2).reshape(7, 256)  # 64 v + 32 h + j
     repacked = stored.copy()
-    weights.repack_codes(repacked, nbytes, start)
+    weights.repack_codes(repacked, fmt, nbytes)
     halves = repacked[:, start : start + 128].reshape(7, 2, 64)
     assert np.array_equal(halves & 15, elements.reshape(7, 2, 2, 64)[:, :, 0])
     assert np.array_equal(halves >> 4, elements.reshape(7, 2, 2, 64)[:, :, 1])
     rest = np.ones(nbytes, bool)
     rest[start : start + 128] = False
     assert np.array_equal(repacked[:, rest], stored[:, rest])
-    weights.repack_codes(repacked, nbytes, start, inverse=True)
+    weights.repack_codes(repacked, fmt, nbytes, inverse=True)
     assert np.array_equal(repacked, stored)
 
 
@@ -99,14 +99,14 @@ def test_repacked_q6_k_top_bits_hold_the_elements_in_order(monkeypatch):
     fields = np.stack([(qh >> (2 * f)) & 3 for f in range(4)], axis=2)  # (7, h, f, j)
     elements = fields.reshape(7, 256)  # 128 h + 32 f + j
     repacked = stored.copy()
-    weights.repack_codes(repacked, nbytes, start)
+    weights.repack_codes(repacked, "q6_k", nbytes)
     moved = repacked[:, start : start + 64]
     for v in range(4):
         assert np.array_equal((moved >> (2 * v)) & 3, elements[:, 64 * v : 64 * v + 64])
     rest = np.ones(nbytes, bool)
     rest[start : start + 64] = False
     assert np.array_equal(repacked[:, rest], stored[:, rest])
-    weights.repack_codes(repacked, nbytes, start, inverse=True)
+    weights.repack_codes(repacked, "q6_k", nbytes, inverse=True)
     assert np.array_equal(repacked, stored)
 
 
